@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# seal_mini entry point.
+#   bash run.sh [recipes/X.yaml] [key.sub=value ...]   set up .venv, then train -> eval -> report
+#   bash run.sh test [pytest args]                    set up .venv, then run the tests
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${SEAL_MINI_VENV:-.venv}
+PY="$VENV/bin/python"
+
+has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+setup() {
+  # Re-install only when a requirements file changed since the last successful setup.
+  local stamp="$VENV/.seal_mini_setup"
+  local want
+  want=$(cat requirements*.txt | sha256sum | cut -c1-16)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
+  echo "[run.sh] setting up $VENV (first run takes a few minutes)"
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+  "$PY" -m pip install -q -r requirements.txt -r requirements-dev.txt
+  "$PY" -m pip install -q --no-deps -r requirements-bfcl.txt
+  if has_gpu && [ -z "${SEAL_MINI_NO_UNSLOTH:-}" ]; then
+    echo "[run.sh] CUDA GPU found: installing the optional unsloth extra (requirements-gpu.txt)"
+    "$PY" -m pip install -q -r requirements-gpu.txt -c requirements.txt \
+      || echo "[run.sh] unsloth did not install; the hf backend (bitsandbytes + peft) will be used"
+  fi
+  echo "$want" > "$stamp"
+}
+
+export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
+
+if [ "${1:-}" = "test" ]; then
+  shift
+  setup
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 exec "$PY" -m pytest "$@"
+fi
+
+recipe=${1:-}
+if [ -z "$recipe" ] || [[ "$recipe" == *=* ]]; then
+  if has_gpu; then
+    echo "[run.sh] no recipe given; a CUDA GPU is present, so recipes/qwen2_5_3b.yaml"
+    recipe=recipes/qwen2_5_3b.yaml
+  else
+    echo "[run.sh] no recipe given; no CUDA GPU here, so recipes/cpu_smoke.yaml (a tiny model, minutes)"
+    recipe=recipes/cpu_smoke.yaml
+  fi
+else
+  shift
+fi
+setup
+exec "$PY" -m seal_mini pipeline "$recipe" "$@"

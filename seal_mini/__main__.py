@@ -1,0 +1,32 @@
+"""Command line: python -m seal_mini COMMAND [args]. Each command lives in its own module."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from seal_mini.config import ConfigError
+
+# command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
+COMMANDS = {
+    "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m seal_mini COMMAND [args]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:<16} {text}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(COMMANDS[argv[0]][0])
+    try:
+        return module.main(argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

