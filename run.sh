@@ -20,7 +20,7 @@ setup() {
   [ -x "$PY" ] || python3 -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q -r requirements.txt -r requirements-dev.txt
-  "$PY" -m pip install -q --no-deps -r requirements-bfcl.txt
+  "$PY" -m pip install -q --no-deps -r requirements-nodeps.txt
   if has_gpu && [ -z "${SEAL_MINI_NO_UNSLOTH:-}" ]; then
     echo "[run.sh] CUDA GPU found: installing the optional unsloth extra (requirements-gpu.txt)"
     "$PY" -m pip install -q -r requirements-gpu.txt -c requirements.txt \

@@ -1,6 +1,6 @@
 """BFCL V3 multi-turn tasks, read from the pinned bfcl-eval package (data, ground truth, tool docs).
 
-The package is installed with --no-deps (requirements-bfcl.txt): only its data files, tool back ends
+The package is installed with --no-deps (requirements-nodeps.txt): only its data files, tool back ends
 and checker are used. Its model-call executor (eval on strings) is never given model text.
 """
 
@@ -65,7 +65,7 @@ def bfcl_root() -> Path:
         import bfcl_eval
     except ImportError:
         raise ConfigError(
-            "bfcl-eval is not installed: pip install --no-deps -r requirements-bfcl.txt (bash run.sh sets this up)"
+            "bfcl-eval is not installed: pip install --no-deps -r requirements-nodeps.txt (bash run.sh sets this up)"
         ) from None
     return Path(bfcl_eval.__file__).parent
 
