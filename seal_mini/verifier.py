@@ -29,9 +29,13 @@ class Verdict:
     details: dict = field(default_factory=dict)
 
 
-def _failed_turn(message: str) -> int | None:
-    m = re.search(r"turn (\d+)", message or "")
-    return int(m.group(1)) if m else None
+def _failed_turn(result: dict) -> int | None:
+    """The checker names the turn in most messages; a state mismatch carries the executed turns."""
+    m = re.search(r"turn (\d+)", result.get("error_message", ""))
+    if m:
+        return int(m.group(1))
+    executed = result.get("execution_result")
+    return len(executed) - 1 if executed else None
 
 
 def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = False) -> Verdict:
@@ -63,4 +67,4 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
         details["differences"] = {k: repr(v)[:500] for k, v in result["details"]["differences"].items()}
     if "details" in result and "missing_items" in result["details"]:
         details["missing_items"] = [str(m)[:500] for m in result["details"]["missing_items"]]
-    return Verdict(0.0, result.get("error_type", ""), _failed_turn(message), details)
+    return Verdict(0.0, result.get("error_type", ""), _failed_turn(result), details)

@@ -1,0 +1,58 @@
+import pytest
+
+from seal_mini.config import DEFAULT_RHO, LABELS, Config, ConfigError, load_config, parse_override
+
+
+def test_defaults_validate_and_rho_covers_every_label():
+    cfg = load_config()
+    assert isinstance(cfg, Config)
+    assert set(cfg.diagnosis.rho) == set(LABELS)
+    assert cfg.diagnosis.rho["spurious_tool_call"] == 2.0 and cfg.diagnosis.rho["response_mismatch"] == 0.9
+
+
+def test_override_parses_yaml_values():
+    assert parse_override("train.steps=4") == {"train": {"steps": 4}}
+    cfg = load_config(overrides=["train.steps=4", "interface.enabled=false", "data.categories=[base]"])
+    assert cfg.train.steps == 4 and cfg.interface.enabled is False and cfg.data.categories == ["base"]
+
+
+def test_recipe_base_chain_and_partial_rho(tmp_path):
+    (tmp_path / "main.yaml").write_text("name: main\ntrain:\n  steps: 10\n  lr: 2.0e-5\n")
+    (tmp_path / "ablate.yaml").write_text("base: main.yaml\nname: ablate\ndiagnosis:\n  rho:\n    pass: 0.8\n")
+    cfg = load_config(tmp_path / "ablate.yaml")
+    assert (cfg.name, cfg.train.steps, cfg.train.lr) == ("ablate", 10, 2e-5)
+    assert cfg.diagnosis.rho["pass"] == 0.8 and cfg.diagnosis.rho["state_mismatch"] == DEFAULT_RHO["state_mismatch"]
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("train.stepz=3", "train.stepz: unknown key"),
+        ("trian.steps=3", "trian: unknown key"),
+        ("train.steps=three", "train.steps: expected an integer"),
+        ("train.steps=0", "train.steps: must be > 0"),
+        ("rollout.group_size=1", "rollout.group_size"),
+        ("model.backend=vllm", "model.backend: must be auto, unsloth or hf"),
+        ("diagnosis.rho.bogus=1.0", "diagnosis.rho: unknown label 'bogus'"),
+        ("diagnosis.rho.pass=-1", "diagnosis.rho.pass: must be > 0"),
+        ("interface.enabled=maybe", "interface.enabled: expected true/false"),
+        ("data.categories=[base, web]", "data.categories: unknown category 'web'"),
+        ("train.mini_batch_tasks=5", "train.mini_batch_tasks: must divide tasks_per_step"),
+        ("steps", "expected key.sub=value"),
+    ],
+)
+def test_bad_values_name_the_key(override, key):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[override])
+    assert key in str(e.value)
+
+
+def test_missing_and_broken_recipes(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="loops back"):
+        load_config(tmp_path / "loop.yaml")

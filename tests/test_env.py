@@ -1,0 +1,218 @@
+import json
+import os
+import subprocess
+
+import pytest
+
+from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
+from seal_mini.env import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
+from seal_mini.oracle import ground_truth_turns, replay
+from seal_mini.toolcalls import MAX_CALL_CHARS, format_call
+from seal_mini.verifier import check
+
+TASKS = tasks_by_id()
+
+
+def call(tool, **arguments):
+    return format_call(tool, arguments)
+
+
+def test_reset_gives_first_turn_and_tools():
+    task = TASKS["multi_turn_base_0"]
+    messages, tools = Episode(task).reset()
+    assert messages == task.turns[0]
+    assert {t["function"]["name"] for t in tools} == {d["name"] for d in task.tools}
+
+
+def test_calls_execute_record_canonically_and_turns_advance():
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step(call("cd", folder="document") + "\n" + call("mkdir", dir_name="temp"))
+    assert not r.turn_done and [m["role"] for m in r.observation] == ["tool", "tool"]
+    assert json.loads(r.observation[0]["content"]) == {"current_working_directory": "document"}
+    r = ep.step("I created it.")
+    assert r.turn_done and not r.done and r.observation == task.turns[1]
+    assert ep.checker_input()[0] == [["cd(folder='document')", "mkdir(dir_name='temp')"]]
+    records = ep.turn_records()
+    assert records[0].ended_by == NO_CALL and records[0].final_text == "I created it."
+    assert [t.ended_by for t in records[1:]] == [NOT_REACHED] * (len(task.turns) - 1)
+
+
+def test_miss_func_reveals_held_out_tools_by_message():
+    task = TASKS["multi_turn_miss_func_0"]
+    (reveal_turn,) = task.held_out
+    ep = Episode(task)
+    ep.reset()
+    hidden = task.held_out[reveal_turn][0]["name"]
+    assert hidden not in ep.offered
+    for _ in range(reveal_turn - 1):
+        ep.step("ok")
+    r = ep.step("ok")
+    (message,) = r.observation
+    assert message["role"] == "user" and message["content"].startswith(NEW_TOOLS_USER_TEXT)
+    assert f'"name": "{hidden}"' in message["content"] and hidden in ep.offered
+
+
+def test_tool_used_before_its_reveal_executes_but_is_flagged():
+    task = TASKS["multi_turn_miss_func_0"]
+    ep = Episode(task)
+    ep.reset()
+    hidden = task.held_out[3][0]["name"]  # sort
+    r = ep.step(call(hidden, file_name="nothing.txt"))
+    assert r.events[0].violation == "not_offered" and r.events[0].call is not None
+
+
+def test_turn_limit_is_bfcl_force_quit():
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task, max_calls_per_turn=3)
+    ep.reset()
+    for _ in range(3):
+        assert not ep.step(call("pwd")).done
+    r = ep.step(call("pwd"))
+    assert r.done and ep.ended_by == TURN_LIMIT
+    assert check(task, ep.checker_input(), forced_quit=True).reward == 0.0
+
+
+def test_episode_limit_and_truncate():
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task, max_calls_per_episode=2)
+    ep.reset()
+    ep.step(call("pwd"))
+    assert ep.step(call("pwd")).done and ep.ended_by == EPISODE_LIMIT
+    ep = Episode(task)
+    ep.reset()
+    ep.step(call("pwd"))
+    ep.truncate()
+    assert ep.done and ep.ended_by == TRUNCATED and ep.turn_records()[0].ended_by == TRUNCATED
+    assert len(ep.checker_input()) == len(task.turns)
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        ep.step("more")
+
+
+def test_same_task_twice_sees_identical_initial_state():
+    for task_id in ["multi_turn_base_3", "multi_turn_long_context_5", "multi_turn_miss_param_150"]:
+        task = TASKS[task_id]
+        first, _ = replay(task, ground_truth_turns(task))
+        second = Episode(task)
+        second.reset()
+        third = Episode(task)
+        third.reset()
+        assert state_of(second.instances) == state_of(third.instances)
+        assert first.instances is not second.instances
+
+
+def test_verifier_rewards_ground_truth_and_rejects_wrong_state():
+    task = TASKS["multi_turn_base_1"]
+    episode, reward = replay(task, ground_truth_turns(task))
+    assert reward == 1.0
+    wrong = ground_truth_turns(task)
+    wrong[1] = [("cd", {"folder": "workspace"})]  # skips the mv of turn 1
+    episode, reward = replay(task, wrong)
+    verdict = check(task, episode.checker_input())
+    assert reward == 0.0 and verdict.failed_turn == 1 and verdict.error_type
+
+
+# --- hostile and broken model output -------------------------------------------------------------
+
+NESTED = '{"name": "cd", "arguments": {"folder": ' + "[" * 5000 + "]" * 5000 + "}}"
+HOSTILE = [
+    ("python expression", "<tool_call>__import__('os').system('touch PWNED')</tool_call>"),
+    ("import as a name", call("__import__", name="os")),
+    ("eval as a name", call("eval", source="__import__('os').system('touch PWNED')")),
+    ("exec as a name", call("exec", source="print(1)")),
+    ("private method", call("_load_scenario", scenario={})),
+    ("dunder init", call("__init__")),
+    ("dunder class", call("__class__")),
+    ("dunder dict", call("__dict__")),
+    ("attribute path", call("GorillaFileSystem.cd", folder="document")),
+    ("globals path", call("cd.__globals__")),
+    ("os attribute", call("os.system", command="touch PWNED")),
+    ("tool of another back end", call("book_flight", access_token="x")),
+    ("call syntax in name", call("cd()")),
+    ("zero-width name", call("cd\u200b", folder="document")),
+    ("not json", "<tool_call>cd(folder='document')</tool_call>"),
+    ("truncated json", '<tool_call>{"name": "cd", "arguments": {"folder": "doc</tool_call>'),
+    ("unclosed tag", '<tool_call>{"name": "cd", "arguments": {"folder": "document"}}'),
+    ("empty block", "<tool_call>  </tool_call>"),
+    ("deeply nested json", f"<tool_call>{NESTED}</tool_call>"),
+    ("huge call", call("cd", folder="a" * (MAX_CALL_CHARS + 10))),
+    ("huge string argument", call("echo", content="a" * 15_000, file_name="x.txt")),
+    ("huge integer", call("tail", file_name="final_report.pdf", lines=10**40)),
+    ("wrong type", call("cd", folder=123)),
+    ("wrong type list", call("cd", folder=["a", "b"])),
+    ("missing required", call("mv", source="final_report.pdf")),
+    ("unknown argument", call("cd", folder="document", path="/etc")),
+    ("duplicate keys", '<tool_call>{"name": "cd", "name": "rm", "arguments": {"file_name": "x"}}</tool_call>'),
+    ("NaN", '<tool_call>{"name": "cd", "arguments": {"folder": NaN}}</tool_call>'),
+    ("Infinity", '<tool_call>{"name": "tail", "arguments": {"file_name": "a", "lines": Infinity}}</tool_call>'),
+    ("arguments is a list", '<tool_call>{"name": "cd", "arguments": ["document"]}</tool_call>'),
+    ("arguments not json", '<tool_call>{"name": "cd", "arguments": "folder=document"}</tool_call>'),
+    ("name is a number", '<tool_call>{"name": 5, "arguments": {}}</tool_call>'),
+    ("extra keys", '<tool_call>{"name": "pwd", "arguments": {}, "__class__": "x"}</tool_call>'),
+    ("top-level array", '<tool_call>[{"name": "pwd", "arguments": {}}]</tool_call>'),
+    ("nested tags", "<tool_call><tool_call>" + '{"name": "pwd", "arguments": {}}' + "</tool_call></tool_call>"),
+    ("too many calls", "".join(call("pwd") for _ in range(100))),
+    ("path traversal value", call("cd", folder="../../../../../etc")),
+    ("non-utf8 bytes", b'<tool_call>{"name": "cd", "arguments": {"folder": "\xff\xfe"}}</tool_call>'),
+    ("quote injection value", call("echo", content="'); __import__('os').system('touch PWNED'); ('", file_name="x")),
+]
+
+
+@pytest.fixture
+def no_escape(monkeypatch, tmp_path):
+    """Fail the test if anything tries to spawn a process; run in an empty folder to spot new files."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"process spawn attempted: {args}")
+
+    monkeypatch.setattr(os, "system", forbidden)
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    monkeypatch.chdir(tmp_path)
+    yield tmp_path
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("label, text", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_call_is_contained(label, text, no_escape):
+    assert len(HOSTILE) >= 30
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    offered = set(ep.offered)
+    executed = []
+    for name, method in list(ep.methods.items()):
+        ep.methods[name] = lambda *a, _n=name, _m=method, **k: (executed.append(_n), _m(*a, **k))[1]
+    before = state_of(ep.instances)
+
+    r = ep.step(text)
+
+    assert set(executed) <= offered  # only offered public tool methods ever run
+    assert r.observation, "every input gets an observation"
+    for event in r.events:
+        if event.call is None:  # rejected: nothing ran, and the model is told why
+            assert event.error_kind in ("parse", "unknown_tool", "arguments") and event.error
+    rejected = [e for e in r.events if e.call is None]
+    if rejected and len(rejected) == len(r.events):
+        assert state_of(ep.instances) == before
+        assert all(m["content"].startswith("Error: ") for m in r.observation)
+    # whatever was recorded goes through the official checker (which eval()s canonical strings) safely
+    check(task, ep.checker_input())
+
+
+def test_missing_tags_is_a_plain_answer_ending_the_turn():
+    ep = Episode(TASKS["multi_turn_base_0"])
+    ep.reset()
+    r = ep.step('{"name": "cd", "arguments": {"folder": "document"}}')
+    assert r.turn_done and r.events == [] and ep.checker_input()[0] == []
+
+
+def test_quote_injection_round_trips_as_a_literal(no_escape):
+    value = "'); __import__('os').system('touch PWNED'); ('"
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step(call("touch", file_name="notes.txt") + call("echo", content=value, file_name="notes.txt"))
+    r = ep.step(call("cat", file_name="notes.txt"))
+    assert json.loads(r.observation[0]["content"]) == {"file_content": value}
+    check(task, ep.checker_input())
