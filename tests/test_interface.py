@@ -348,6 +348,14 @@ def test_execution_error_classes(error, expected):
     assert error_class(omega.CallEvent(0, "t", {}, "execution", error)) == expected
 
 
+def test_error_classes_from_kind_and_violation():
+    assert error_class(omega.CallEvent(0, None, None, "parse", "not JSON")) == "parse"
+    assert error_class(omega.CallEvent(0, "x", {}, "unknown_tool", "no tool")) == "unknown_tool"
+    assert error_class(omega.CallEvent(0, "t", {}, "arguments", "big", "too_large")) == "too_large"
+    # executed despite a schema violation, then failed: the violation is the likelier cause
+    assert error_class(omega.CallEvent(0, "t", {}, "execution", "No such file", "wrong_type")) == "wrong_type"
+
+
 def test_argument_error_feedback_names_constraint_not_values():
     schema = {"properties": {"source": {}, "destination": {}}, "required": ["source", "destination"]}
     event = omega.CallEvent(0, "mv", {"destination": "secret_dir"}, "arguments", "mv: missing", "missing_required")
