@@ -203,6 +203,14 @@ class DiagnosisConfig:
     """Upper clip of the diagnostic weight."""
     rho_update: str = "fixed"
     """fixed (paper) | ema (authors' release: rho moves each round towards the failure profile)."""
+    rho_ema_decay: float = 0.75
+    """ema only: weight kept on last round's rho (the release: 0.75 old, 0.25 target)."""
+    rho_ema_count_scale: float = 32.0
+    """ema only: a label seen this many times in a round moves rho fully; fewer move it less."""
+    rho_min: float = 0.5
+    """ema only: lower clip of the moving rho."""
+    rho_max: float = 2.0
+    """ema only: upper clip of the moving rho."""
     small_model: bool = False
     """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
     small_model_name: str = ""
@@ -217,6 +225,9 @@ class DiagnosisConfig:
         _check(not missing, f"{key}.rho", f"missing labels {missing}")
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
         _check(self.rho_update in ("fixed", "ema"), f"{key}.rho_update", "must be fixed or ema")
+        _check(0.0 <= self.rho_ema_decay <= 1.0, f"{key}.rho_ema_decay", "must be in [0, 1]")
+        _check(self.rho_ema_count_scale > 0, f"{key}.rho_ema_count_scale", "must be > 0")
+        _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")
 
 
 @dataclass
@@ -239,9 +250,18 @@ class InterfaceConfig:
     """...in trajectories that succeed less often than this."""
     top_k: int = 3
     """At most this many guidelines, ranked by prevalence * (1 - success rate)."""
+    trigger_min_count: int = 2
+    """phi_schema / phi_err switch on once one of their trigger labels occurs this often in a round..."""
+    trigger_min_prevalence: float = 0.02
+    """...and makes up at least this share of the profile (one stray turn is noise, not a pattern)."""
+    sticky_cues: bool = True
+    """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
+    otherwise flip off the next round and back on the one after."""
 
     def validate(self, key: str) -> None:
         _check(self.min_count >= 0, f"{key}.min_count", "must be >= 0")
+        _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
+        _check(0.0 <= self.trigger_min_prevalence <= 1.0, f"{key}.trigger_min_prevalence", "must be in [0, 1]")
         _check(0.0 <= self.min_prevalence <= 1.0, f"{key}.min_prevalence", "must be in [0, 1]")
         _check(0.0 <= self.max_success <= 1.0, f"{key}.max_success", "must be in [0, 1]")
         _check(self.top_k >= 0, f"{key}.top_k", "must be >= 0")
@@ -269,6 +289,8 @@ class TrainConfig:
     """Coefficient of the k3 KL loss to the reference policy (adapter disabled); 0 skips that forward."""
     max_grad_norm: float = 1.0
     """Gradient norm clip."""
+    adv_eps: float = 1e-6
+    """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
     logprob_chunk: int = 256
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
     reweight: bool = True
@@ -296,6 +318,7 @@ class TrainConfig:
         _check(self.clip_ratio > 0, f"{key}.clip_ratio", "must be > 0 (e.g. 0.2)")
         _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
+        _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")

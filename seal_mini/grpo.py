@@ -1,0 +1,212 @@
+"""The math of one SEAL update, as small pure functions: advantages, diagnostic weights, the loss.
+
+How this differs from textbook GRPO (paper, section "the loop", steps 5-7):
+1. Advantages are group-relative per task, A_j = (r_j - mean_g) / (std_g + eps), with the
+   Bessel-corrected std (torch.std's default, the one verl's GRPO uses). A group whose rewards are
+   all equal carries no signal: its advantages are exactly 0 (never 0/0).
+2. Each advantage is scaled by a diagnostic weight w_j = clip(sum_z p_j(z) rho(z), w_min, w_max) > 0,
+   where p_j(z) is the share of trajectory j's turns labelled z. The weight is positive, so the
+   verifier alone decides the sign; the diagnosis only decides how loud the signal is.
+3. The loss is the PPO clipped surrogate, a token-mean over the tokens the model sampled
+   (loss_mask), plus a k3 KL term to the reference policy; no entropy bonus.
+
+Every function returns (value, metrics) where metrics are plain floats with namespaced keys
+(`adv/...`, `weights/...`, `rho/...`, `losses/...`), ready for metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import torch
+
+PROFILE_KEYS = ("count", "prevalence", "success_rate")
+"""Fields every label entry of a failure profile C_t must carry."""
+
+
+def _as_float_tensor(x) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=torch.float32) if not isinstance(x, torch.Tensor) else x.float()
+
+
+def _group_index(n: int, group_ids) -> torch.Tensor:
+    """group_ids as a tensor (N,) of ids, or an int G meaning consecutive groups of G."""
+    if isinstance(group_ids, int):
+        assert group_ids > 0 and n % group_ids == 0, f"{n} rewards do not split into groups of {group_ids}"
+        return torch.arange(n) // group_ids
+    ids = torch.as_tensor(group_ids)
+    assert ids.shape == (n,), f"group_ids shape {tuple(ids.shape)} != rewards shape ({n},)"
+    return ids
+
+
+def group_advantages(rewards, group_ids, eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
+    """A_j = (r_j - mean_g) / (std_g + eps) within each task group; all-equal groups get exactly 0."""
+    r = _as_float_tensor(rewards)  # (N,)
+    assert r.dim() == 1, f"rewards must be 1-D (N,), got shape {tuple(r.shape)}"
+    assert torch.isfinite(r).all(), "rewards contain NaN or inf"
+    ids = _group_index(r.numel(), group_ids)  # (N,)
+    adv = torch.zeros_like(r)  # (N,)
+    flat_groups = 0
+    groups = torch.unique(ids)
+    for g in groups:
+        members = ids == g
+        r_g = r[members]  # (G,)
+        # A group of one or of equal rewards has no spread: the advantage is 0 by definition, and
+        # computing it would divide 0 by eps (or give NaN from a one-sample unbiased std).
+        if r_g.numel() < 2 or bool((r_g == r_g[0]).all()):
+            flat_groups += 1
+            continue
+        adv[members] = (r_g - r_g.mean()) / (r_g.std(correction=1) + eps)
+    metrics = {
+        "adv/zero_frac": float((adv == 0).float().mean()) if r.numel() else 0.0,
+        "adv/flat_group_frac": flat_groups / max(len(groups), 1),
+        "adv/abs_mean": float(adv.abs().mean()) if r.numel() else 0.0,
+        "adv/reward_mean": float(r.mean()) if r.numel() else 0.0,
+    }
+    return adv, metrics
+
+
+def label_shares(labels: Sequence[str]) -> dict[str, float]:
+    """Turn labels of one trajectory -> p_j(z), the share of its turns carrying each label."""
+    assert len(labels) > 0, "a trajectory has at least one turn"
+    counts = Counter(labels)
+    return {label: n / len(labels) for label, n in counts.items()}
+
+
+def diagnostic_weights(
+    profiles: Sequence[dict[str, float]], rho: dict[str, float], w_min: float, w_max: float
+) -> tuple[torch.Tensor, dict]:
+    """w_j = clip(sum_z p_j(z) rho(z), w_min, w_max), one weight per trajectory."""
+    assert 0 < w_min <= w_max, f"need 0 < w_min <= w_max, got {w_min}, {w_max}"
+    raw = []
+    for j, shares in enumerate(profiles):
+        total = sum(shares.values())
+        assert abs(total - 1.0) < 1e-6, f"trajectory {j}: label shares sum to {total}, not 1"
+        unknown = [z for z in shares if z not in rho]
+        assert not unknown, f"trajectory {j}: labels {unknown} have no rho value"
+        raw.append(sum(p * rho[z] for z, p in shares.items()))
+    raw_t = torch.tensor(raw, dtype=torch.float32)  # (N,)
+    w = raw_t.clamp(w_min, w_max)  # (N,)
+    n = max(len(raw), 1)
+    metrics = {
+        "weights/mean": float(w.mean()) if raw else 0.0,
+        "weights/min": float(w.min()) if raw else 0.0,
+        "weights/max": float(w.max()) if raw else 0.0,
+        "weights/clip_low_frac": float((raw_t < w_min).sum()) / n,
+        "weights/clip_high_frac": float((raw_t > w_max).sum()) / n,
+    }
+    return w, metrics
+
+
+def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """w_j * A_j; the weights must be positive so no advantage changes sign."""
+    assert advantages.shape == weights.shape, f"shapes differ: {tuple(advantages.shape)} vs {tuple(weights.shape)}"
+    assert bool((weights > 0).all()), "diagnostic weights must be > 0 (a weight <= 0 would flip or erase a sign)"
+    return advantages * weights  # (N,)
+
+
+def ema_rho(
+    rho_base: dict[str, float],
+    rho_prev: dict[str, float] | None,
+    profile: dict[str, dict],
+    decay: float = 0.75,
+    count_scale: float = 32.0,
+    rho_min: float = 0.5,
+    rho_max: float = 2.0,
+) -> tuple[dict[str, float], dict]:
+    """The authors' release variant: rho moves each round towards a profile-driven target.
+
+    target(z) = base(z) * (1 + prevalence(z) * (1 - success_rate(z)) * min(1, count(z) / count_scale))
+    rho_t(z)  = clip(decay * rho_{t-1}(z) + (1 - decay) * target(z), rho_min, rho_max)
+    A label absent from the profile has target = base, so its rho relaxes back to the base value.
+    The clip is applied to the moved value, the plainest reading of "EMA ..., clipped [0.5, 2]"."""
+    assert 0.0 <= decay <= 1.0, f"decay must be in [0, 1], got {decay}"
+    assert count_scale > 0 and 0 < rho_min <= rho_max
+    prev = dict(rho_base) if rho_prev is None else rho_prev
+    assert set(prev) == set(rho_base), f"rho_prev labels {sorted(prev)} differ from rho_base labels {sorted(rho_base)}"
+    new, metrics = {}, {}
+    for z, base in rho_base.items():
+        entry = profile.get(z)
+        boost = 0.0
+        if entry is not None:
+            missing = [k for k in PROFILE_KEYS if k not in entry]
+            assert not missing, f"profile entry {z!r} lacks {missing}"
+            confidence = min(1.0, entry["count"] / count_scale)  # few sightings move rho little
+            boost = entry["prevalence"] * (1.0 - entry["success_rate"]) * confidence
+        target = base * (1.0 + boost)
+        new[z] = min(rho_max, max(rho_min, decay * prev[z] + (1.0 - decay) * target))
+        metrics[f"rho/{z}"] = new[z]
+    return new, metrics
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    clip_ratio: float,
+    kl_coef: float,
+    num_tokens: float | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """PPO clipped surrogate + kl_coef * k3 KL to the reference, summed over loss_mask / num_tokens.
+
+    Token-mean under gradient accumulation: a mini-batch is split into micro-batches, each gets its
+    own backward. Pass num_tokens = the loss_mask sum of the WHOLE mini-batch to every micro-batch
+    call and do not divide again: the micro-batch losses then add up to the token-mean over the
+    mini-batch, whatever the split (dividing each micro-batch by its own token count would weight a
+    short sequence's tokens more than a long one's). num_tokens=None uses this call's own count.
+
+    Every metric but losses/tokens is likewise a sum over this call's tokens divided by num_tokens,
+    so summing a metric over the micro-batches of a mini-batch gives its token mean over the
+    mini-batch (losses/tokens is a plain count and sums to the mini-batch's count).
+
+    Positions where loss_mask is 0 may hold anything (log-probs are only computed where it is 1):
+    they are zeroed before any exp, so they can never produce inf or NaN."""
+    assert logprobs.dim() == 2, f"logprobs must be (B, T), got {tuple(logprobs.shape)}"
+    B, T = logprobs.shape
+    for name, t in (("old_logprobs", old_logprobs), ("loss_mask", loss_mask)):
+        assert t.shape == (B, T), f"{name} shape {tuple(t.shape)} != logprobs shape {(B, T)}"
+    assert advantages.shape == (B,), f"advantages must be (B,) = ({B},), got {tuple(advantages.shape)}"
+    assert kl_coef == 0 or ref_logprobs is not None, "kl_coef > 0 needs ref_logprobs"
+    assert clip_ratio > 0
+
+    mask = loss_mask.bool()  # (B, T)
+    maskf = mask.float()  # (B, T)
+    n = float(num_tokens) if num_tokens is not None else max(float(maskf.sum()), 1.0)
+    assert n > 0, "num_tokens must be > 0"
+    logp = logprobs.float()  # (B, T)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+
+    log_ratio = torch.where(mask, logp - old_logprobs.float(), zero)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    adv = advantages.float().to(logp.device)[:, None]  # (B, 1): the sequence's advantage on each token
+    pg_unclipped = -adv * ratio  # (B, T)
+    pg_clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)  # (B, T)
+    pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T): the pessimistic of the two
+    pg_loss = (pg * maskf).sum() / n
+    loss = pg_loss
+
+    kl_ref = torch.zeros((), device=logp.device)
+    if ref_logprobs is not None:
+        # k3 estimator of KL(pi || pi_ref): exp(d) - d - 1 with d = log pi_ref - log pi; >= 0, unbiased.
+        d = torch.where(mask, ref_logprobs.float() - logp, zero)  # (B, T)
+        kl_tok = torch.exp(d) - d - 1.0  # (B, T)
+        kl_ref = (kl_tok * maskf).sum() / n
+        if kl_coef:
+            loss = loss + kl_coef * kl_ref
+
+    with torch.no_grad():
+        # clipfrac counts tokens where the clipped branch is the active one (their gradient is 0).
+        clipped = (pg_clipped > pg_unclipped) & mask
+        approx_kl = ((ratio - 1.0) - log_ratio) * maskf  # k3 estimate of KL(old || new), per token
+        metrics = {
+            "losses/loss": float(loss.detach()),
+            "losses/pg_loss": float(pg_loss.detach()),
+            "losses/kl_ref": float(kl_ref.detach()),
+            "losses/approx_kl": float(approx_kl.sum()) / n,
+            "losses/clipfrac": float(clipped.float().sum()) / n,
+            "losses/ratio_mean": float((ratio * maskf).sum()) / n,
+            "losses/tokens": float(maskf.sum()),
+        }
+    return loss, metrics

@@ -1,0 +1,265 @@
+"""seal_mini.grpo against numbers computed by hand (the arithmetic is in the comments)."""
+
+import math
+
+import pytest
+import torch
+
+from seal_mini.config import DEFAULT_RHO
+from seal_mini.grpo import (
+    diagnostic_weights,
+    ema_rho,
+    group_advantages,
+    label_shares,
+    policy_loss,
+    weighted_advantages,
+)
+
+LN2 = math.log(2.0)
+LN15 = math.log(1.5)
+
+
+# --- advantages ----------------------------------------------------------------------------------
+
+
+def test_group_advantages_unbiased_std_by_hand():
+    # Group [1, 0, 0, 0]: mean 0.25, deviations 0.75, -0.25 x3, sum of squares 0.75,
+    # Bessel-corrected variance 0.75 / 3 = 0.25, std 0.5 -> A = 1.5, -0.5, -0.5, -0.5.
+    # Group [1, 1, 0, 0]: mean 0.5, sum of squares 1.0, variance 1/3, std 0.57735 -> A = +-0.866025.
+    adv, m = group_advantages([1, 0, 0, 0, 1, 1, 0, 0], 4, eps=0.0)
+    expected = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.866025, 0.866025, -0.866025, -0.866025])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    assert m["adv/zero_frac"] == 0.0
+    # A population std (divide by 4) would give 0.75 / 0.4330 = 1.732 for the first entry instead.
+    assert not math.isclose(float(adv[0]), 1.732, abs_tol=1e-2)
+
+
+def test_group_advantages_eps_in_denominator():
+    # Group [1, 0]: mean 0.5, std (n-1) = sqrt(0.5) = 0.707107; with eps 0.1: 0.5 / 0.807107 = 0.619497.
+    adv, _ = group_advantages([1.0, 0.0], 2, eps=0.1)
+    assert torch.allclose(adv, torch.tensor([0.619497, -0.619497]), atol=1e-5)
+
+
+def test_all_equal_groups_are_exactly_zero_no_nan():
+    rewards = [1, 1, 1, 1, 0, 0, 0, 0, 0.3, 0.3, 0.3, 0.3, 1, 0, 1, 0]
+    adv, m = group_advantages(rewards, 4)
+    assert torch.isfinite(adv).all()
+    assert (adv[:12] == 0).all()  # exactly zero, not merely small
+    assert m["adv/zero_frac"] == 12 / 16
+    assert m["adv/flat_group_frac"] == 3 / 4
+
+
+def test_group_ids_need_not_be_consecutive():
+    # Same numbers as the first test, interleaved, with explicit ids.
+    adv, _ = group_advantages([1, 1, 0, 1, 0, 0, 0, 0], [7, 3, 7, 3, 7, 3, 7, 3], eps=0.0)
+    expected = torch.tensor([1.5, 0.866025, -0.5, 0.866025, -0.5, -0.866025, -0.5, -0.866025])
+    assert torch.allclose(adv, expected, atol=1e-5)
+
+
+def test_group_of_one_is_zero():
+    adv, _ = group_advantages([1.0, 1.0, 0.0], [0, 0, 1])
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_group_advantages_reject_bad_input():
+    with pytest.raises(AssertionError, match="groups of 3"):
+        group_advantages([1, 0, 1, 0], 3)
+    with pytest.raises(AssertionError, match="NaN"):
+        group_advantages([1, float("nan")], 2)
+
+
+# --- diagnostic weights --------------------------------------------------------------------------
+
+
+def test_label_shares():
+    assert label_shares(["pass", "state_mismatch", "pass", "pass"]) == {"pass": 0.75, "state_mismatch": 0.25}
+
+
+def test_diagnostic_weights_by_hand_with_clip():
+    rho = dict(DEFAULT_RHO)
+    profiles = [
+        {"pass": 1.0},  # 1.0
+        {"pass": 0.5, "spurious_tool_call": 0.5},  # 0.5 * 1.0 + 0.5 * 2.0 = 1.5
+        {"response_mismatch": 0.75, "pass": 0.25},  # 0.675 + 0.25 = 0.925
+        {"spurious_tool_call": 1.0},  # 2.0, exactly at the upper bound (not clipped)
+    ]
+    w, m = diagnostic_weights(profiles, rho, 0.5, 2.0)
+    assert torch.allclose(w, torch.tensor([1.0, 1.5, 0.925, 2.0]))
+    assert m["weights/clip_low_frac"] == 0.0 and m["weights/clip_high_frac"] == 0.0
+    # Tighter clip [0.95, 1.4]: 1.0 stays, 1.5 -> 1.4, 0.925 -> 0.95, 2.0 -> 1.4.
+    w, m = diagnostic_weights(profiles, rho, 0.95, 1.4)
+    assert torch.allclose(w, torch.tensor([1.0, 1.4, 0.95, 1.4]))
+    assert m["weights/clip_low_frac"] == 0.25 and m["weights/clip_high_frac"] == 0.5
+    assert m["weights/min"] == pytest.approx(0.95) and m["weights/max"] == pytest.approx(1.4)
+    assert m["weights/mean"] == pytest.approx((1.0 + 1.4 + 0.95 + 1.4) / 4)
+
+
+def test_diagnostic_weights_reject_bad_profiles():
+    with pytest.raises(AssertionError, match="sum to"):
+        diagnostic_weights([{"pass": 0.5}], DEFAULT_RHO, 0.5, 2.0)
+    with pytest.raises(AssertionError, match="no rho"):
+        diagnostic_weights([{"made_up": 1.0}], DEFAULT_RHO, 0.5, 2.0)
+
+
+def test_weighted_advantages_preserve_sign():
+    adv = torch.tensor([1.5, -0.5, 0.0, -2.0])
+    w = torch.tensor([2.0, 0.5, 1.8, 1.2])
+    out = weighted_advantages(adv, w)
+    assert out.tolist() == pytest.approx([3.0, -0.25, 0.0, -2.4])
+    assert (torch.sign(out) == torch.sign(adv)).all()
+    with pytest.raises(AssertionError, match="> 0"):
+        weighted_advantages(adv, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+
+
+# --- rho, release variant ------------------------------------------------------------------------
+
+
+def test_ema_rho_by_hand():
+    base = {"pass": 1.0, "state_mismatch": 1.0, "spurious_tool_call": 2.0, "missing_tool_call": 1.5}
+    profile = {
+        # target = 1.0 * (1 + 0.4 * (1 - 0.25) * min(1, 16/32)) = 1 + 0.4*0.75*0.5 = 1.15
+        "state_mismatch": {"count": 16, "prevalence": 0.4, "success_rate": 0.25},
+        # target = 1.5 * (1 + 0.2 * 1.0 * 1) = 1.8 (count 64 saturates at 1)
+        "missing_tool_call": {"count": 64, "prevalence": 0.2, "success_rate": 0.0},
+        # target = 2.0 * (1 + 0.5 * 0.5 * 1) = 2.5; EMA from 2.0: 0.75*2 + 0.25*2.5 = 2.125 -> clip 2.0
+        "spurious_tool_call": {"count": 40, "prevalence": 0.5, "success_rate": 0.5},
+    }
+    prev = {"pass": 0.6, "state_mismatch": 1.0, "spurious_tool_call": 2.0, "missing_tool_call": 1.5}
+    rho, m = ema_rho(base, prev, profile)
+    # pass is absent -> target = base 1.0: 0.75*0.6 + 0.25*1.0 = 0.7
+    assert rho["pass"] == pytest.approx(0.7)
+    assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * 1.15)  # 1.0375
+    assert rho["missing_tool_call"] == pytest.approx(0.75 * 1.5 + 0.25 * 1.8)  # 1.575
+    assert rho["spurious_tool_call"] == 2.0
+    assert m["rho/state_mismatch"] == pytest.approx(1.0375)
+    # Without a previous rho the walk starts from the base.
+    rho0, _ = ema_rho(base, None, {})
+    assert rho0 == base
+
+
+def test_ema_rho_rejects_incomplete_profile():
+    with pytest.raises(AssertionError, match="lacks"):
+        ema_rho({"pass": 1.0}, None, {"pass": {"count": 3}})
+
+
+# --- the loss ------------------------------------------------------------------------------------
+
+
+def _four_cases():
+    """Four one-token sequences, ratio inside/outside the clip for A = +1 and -1.
+
+    Second position is masked and holds garbage (huge values) that must not matter."""
+    logp = torch.tensor([[LN15, 50.0], [-LN2, 50.0], [LN15, 50.0], [-LN2, 50.0]], requires_grad=True)
+    old = torch.tensor([[0.0, -60.0], [0.0, -60.0], [0.0, -60.0], [0.0, -60.0]])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    mask = torch.tensor([[1, 0], [1, 0], [1, 0], [1, 0]])
+    return logp, old, adv, mask
+
+
+def test_policy_loss_clip_cases_by_hand():
+    logp, old, adv, mask = _four_cases()
+    loss, m = policy_loss(logp, old, None, adv, mask, clip_ratio=0.2, kl_coef=0.0)
+    # ratio 1.5, A=+1: max(-1.5, -1.2) = -1.2 (clipped; no gradient)
+    # ratio 0.5, A=+1: max(-0.5, -0.8) = -0.5 (unclipped)
+    # ratio 1.5, A=-1: max( 1.5,  1.2) =  1.5 (unclipped)
+    # ratio 0.5, A=-1: max( 0.5,  0.8) =  0.8 (clipped; no gradient)
+    # token mean over 4 tokens: (-1.2 - 0.5 + 1.5 + 0.8) / 4 = 0.15
+    assert loss.item() == pytest.approx(0.15, abs=1e-6)
+    assert m["losses/pg_loss"] == pytest.approx(0.15, abs=1e-6)
+    assert m["losses/clipfrac"] == pytest.approx(0.5)
+    assert m["losses/ratio_mean"] == pytest.approx((1.5 + 0.5 + 1.5 + 0.5) / 4)
+    # approx_kl (k3 vs old): ratio 1.5 -> 0.5 - ln 1.5 = 0.094535; ratio 0.5 -> -0.5 + ln 2 = 0.193147
+    assert m["losses/approx_kl"] == pytest.approx((2 * 0.0945349 + 2 * 0.1931472) / 4, abs=1e-6)
+    assert m["losses/tokens"] == 4.0
+    loss.backward()
+    # d/dlogp of -A * ratio / 4 = -A * ratio / 4 where unclipped, 0 where clipped, 0 where masked.
+    expected = torch.tensor([[0.0, 0.0], [-0.5 / 4, 0.0], [1.5 / 4, 0.0], [0.0, 0.0]])
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_policy_loss_k3_kl_by_hand():
+    logp = torch.tensor([[0.0, 0.0, 9.0]], requires_grad=True)
+    old = torch.zeros(1, 3)  # ratio 1: the surrogate is -A = -0.0 here
+    ref = torch.tensor([[LN2, -LN2, -99.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss, m = policy_loss(logp, old, ref, torch.tensor([0.0]), mask, clip_ratio=0.2, kl_coef=0.1)
+    # d = ln 2: 2 - ln 2 - 1 = 0.306853; d = -ln 2: 0.5 + ln 2 - 1 = 0.193147; mean = 0.25 exactly
+    assert m["losses/kl_ref"] == pytest.approx(0.25, abs=1e-6)
+    assert loss.item() == pytest.approx(0.1 * 0.25, abs=1e-7)
+    loss.backward()
+    # d/dlogp of exp(ref - logp) - (ref - logp) - 1 is 1 - exp(ref - logp): 1 - 2 = -1 and 1 - 0.5 = 0.5;
+    # times kl_coef 0.1 and / 2 tokens.
+    assert torch.allclose(logp.grad, torch.tensor([[-0.05, 0.025, 0.0]]), atol=1e-6)
+
+
+def test_policy_loss_kl_off_when_coef_zero():
+    logp, old, adv, mask = _four_cases()
+    ref = torch.full_like(old, LN2)
+    loss, m = policy_loss(logp, old, ref, adv, mask, clip_ratio=0.2, kl_coef=0.0)
+    assert loss.item() == pytest.approx(0.15, abs=1e-6)  # KL reported but not added
+    assert m["losses/kl_ref"] > 0
+
+
+def test_policy_loss_token_mean_across_micro_batches():
+    # Two sequences of different lengths: 3 and 1 sampled tokens. The mini-batch token mean weights
+    # all 4 tokens equally; micro-batches of one sequence each, normalised by the mini-batch total,
+    # must add up to it, in value and in gradient.
+    torch.manual_seed(0)
+    logp = torch.randn(2, 3)
+    old = logp + 0.1 * torch.randn(2, 3)
+    ref = logp + 0.1 * torch.randn(2, 3)
+    adv = torch.tensor([0.7, -1.3])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 0]])
+
+    full_lp = logp.clone().requires_grad_(True)
+    full, full_m = policy_loss(full_lp, old, ref, adv, mask, 0.2, 0.05)
+    full.backward()
+
+    micro_lp = logp.clone().requires_grad_(True)
+    total = 0.0
+    summed = {}
+    for i in range(2):
+        part, part_m = policy_loss(
+            micro_lp[i : i + 1],
+            old[i : i + 1],
+            ref[i : i + 1],
+            adv[i : i + 1],
+            mask[i : i + 1],
+            0.2,
+            0.05,
+            num_tokens=4,
+        )
+        part.backward()
+        total += part.item()
+        for k, v in part_m.items():
+            summed[k] = summed.get(k, 0.0) + v
+    assert total == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(micro_lp.grad, full_lp.grad, atol=1e-6)
+    for k in ("losses/pg_loss", "losses/kl_ref", "losses/approx_kl", "losses/clipfrac", "losses/tokens"):
+        assert summed[k] == pytest.approx(full_m[k], abs=1e-6), k
+
+    # The naive alternative (each micro-batch divided by its own count, then averaged) differs here,
+    # which is why the normaliser exists.
+    naive = 0.0
+    for i in range(2):
+        part, _ = policy_loss(
+            logp[i : i + 1], old[i : i + 1], ref[i : i + 1], adv[i : i + 1], mask[i : i + 1], 0.2, 0.05
+        )
+        naive += part.item() / 2
+    assert abs(naive - full.item()) > 1e-3
+
+
+def test_policy_loss_empty_mask_is_finite():
+    logp = torch.full((1, 3), float("-inf"), requires_grad=True)
+    loss, m = policy_loss(logp, torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([1.0]), torch.zeros(1, 3), 0.2, 0.1)
+    assert loss.item() == 0.0 and all(math.isfinite(v) for v in m.values())
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+def test_policy_loss_checks_shapes():
+    logp, old, adv, mask = _four_cases()
+    with pytest.raises(AssertionError, match="advantages"):
+        policy_loss(logp, old, None, adv[:2], mask, 0.2, 0.0)
+    with pytest.raises(AssertionError, match="ref_logprobs"):
+        policy_loss(logp, old, None, adv, mask, 0.2, 0.01)
