@@ -84,6 +84,8 @@ class ModelConfig:
     """Recompute activations in the update: trades ~30% time for most of the activation memory."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to transformers: sdpa | eager | flash_attention_2."""
+    cpu_4bit: bool = False
+    """Also load 4-bit weights on CPU (bitsandbytes' CPU backend): less memory, ~1.7x slower generation."""
 
     def validate(self, key: str) -> None:
         _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder or tiny-random")
@@ -177,6 +179,8 @@ class RolloutConfig:
     """Episodes generated at once (0 = from kv_budget_gb). Episodes run in waves of this size."""
     kv_budget_gb: float = 0.0
     """KV-cache memory for one wave (0 = half of the free GPU memory; 2 GB on CPU)."""
+    prefill_tokens: int = 16384
+    """Rows x padded length of one prefill forward (prompts and tool results): bounds its activations."""
 
     def validate(self, key: str) -> None:
         _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")
@@ -191,6 +195,7 @@ class RolloutConfig:
         )
         _check(self.max_concurrent >= 0, f"{key}.max_concurrent", "must be >= 0 (0 = from kv_budget_gb)")
         _check(self.kv_budget_gb >= 0.0, f"{key}.kv_budget_gb", "must be >= 0 (0 = automatic)")
+        _check(self.prefill_tokens > 0, f"{key}.prefill_tokens", "must be > 0 (e.g. 16384)")
 
 
 @dataclass

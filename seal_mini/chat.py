@@ -1,0 +1,156 @@
+"""Messages -> text -> token ids, through the tokenizer's own chat template.
+
+Two ways to show tools to the model (`model.tool_format`):
+  template: the template renders them (`apply_chat_template(tools=...)`, as Qwen2.5, Llama 3.1 and
+            ToolACE do);
+  prompt:   for templates without tool support, seal_mini writes the tool block into the system
+            message itself and hands tool results back as user messages in <tool_response> tags.
+
+The rollout engine never re-tokenizes what the model sampled. After a model call it only needs the
+tokens that come next (the end of the assistant turn, tool results, the next user turn, the start of
+the next assistant turn): `continuation` renders the longer conversation and tokenizes just the text
+beyond what the episode's tokens already spell.
+"""
+
+from __future__ import annotations
+
+import json
+
+from seal_mini.config import ConfigError
+
+_MARKER = "SEAL_MINI_MARKER"
+
+
+class TemplateError(ConfigError):
+    """The chat template cannot be used for exact multi-turn rollouts; the message says why."""
+
+
+# --- LEARNER EDIT POINT: the tool block of prompt mode -------------------------------------------
+def tool_block(tools: list[dict]) -> str:
+    """The tool description seal_mini puts into the system message when the template has no tools."""
+    lines = "\n".join(json.dumps(t.get("function", t)) for t in tools)
+    return (
+        "## Tools\n"
+        "You can call the tools listed below, one JSON schema a line.\n"
+        f"<tools>\n{lines}\n</tools>\n"
+        "To call a tool, write a JSON object with the keys name and arguments between tags, like\n"
+        '<tool_call>\n{"name": "tool_name", "arguments": {"key": "value"}}\n</tool_call>\n'
+        "You may make several calls in one message. Results come back in <tool_response> tags. "
+        "When no call is needed, answer in plain text."
+    )
+
+
+def to_prompt_mode(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """Messages for a template without tool support: tools in the system message, tool results as a
+    user message (consecutive results merged, so roles still alternate)."""
+    out: list[dict] = []
+    block = tool_block(tools) if tools else ""
+    rest = messages
+    if messages and messages[0]["role"] == "system":
+        system = messages[0]["content"] + ("\n\n" + block if block else "")
+        rest = messages[1:]
+    else:
+        system = block
+    if system:
+        out.append({"role": "system", "content": system})
+    for m in rest:
+        if m["role"] != "tool":
+            out.append({"role": m["role"], "content": m["content"]})
+            continue
+        wrapped = f"<tool_response>\n{m['content']}\n</tool_response>"
+        if out and out[-1].get("_tool"):
+            out[-1]["content"] += "\n" + wrapped
+        else:
+            out.append({"role": "user", "content": wrapped, "_tool": True})
+    return [{"role": m["role"], "content": m["content"]} for m in out]
+
+
+class ChatRenderer:
+    """Renders conversations with a tokenizer's chat template and turns text into exact token ids."""
+
+    def __init__(self, tokenizer, tool_format: str = "template", extra_stop_ids: tuple[int, ...] = ()):
+        template = tokenizer.chat_template
+        if not isinstance(template, str) or not template:
+            raise TemplateError(
+                "the tokenizer has no chat template (a single string); use an instruct model or set one"
+            )
+        if tool_format == "template" and "tools" not in template:
+            raise TemplateError(
+                "model.tool_format=template, but this chat template does not render tools; "
+                "set model.tool_format=prompt so seal_mini writes the tool block itself"
+            )
+        self.tokenizer = tokenizer
+        self.tool_format = tool_format
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+        # What follows an assistant message's content in the template (e.g. "<|im_end|>\n"): its first
+        # token is the end-of-turn token the model samples to stop.
+        user = [{"role": "user", "content": "hi"}]
+        before = self.render(user, [], add_generation_prompt=True)
+        after = self.render(user + [{"role": "assistant", "content": _MARKER}], [])
+        if not after.startswith(before + _MARKER):
+            raise TemplateError(
+                "the chat template does not render an assistant message as the generation prompt followed "
+                "by its content, so sampled tokens could not be kept verbatim"
+            )
+        self.close_text = after[len(before) + len(_MARKER) :]
+        self.close_ids = self.encode(self.close_text)
+        if not self.close_ids:
+            raise TemplateError("the chat template puts no end-of-turn token after an assistant message")
+        self.end_of_turn_id = self.close_ids[0]
+        self.end_of_turn_text = self.decode([self.end_of_turn_id])
+        if not self.close_text.startswith(self.end_of_turn_text):
+            raise TemplateError(f"the end of an assistant turn ({self.close_text!r}) does not start with one token")
+        stops = {self.end_of_turn_id, *extra_stop_ids}
+        if tokenizer.eos_token_id is not None:
+            stops.add(tokenizer.eos_token_id)
+        self.stop_ids = frozenset(stops)
+
+    def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
+        """The conversation as the chat template writes it (tools rendered as tool_format says)."""
+        if self.tool_format == "prompt":
+            messages, tools = to_prompt_mode(messages, tools), None
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of a text; special tokens appear in it as text, so none are added."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        """The exact text of token ids (special tokens kept, no clean-up of spaces)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def prompt_ids(self, messages: list[dict], tools: list[dict]) -> list[int]:
+        """Token ids of the first prompt, ending with the start of the assistant turn."""
+        text = self.render(messages, tools, add_generation_prompt=True)
+        ids = self.encode(text)
+        if self.decode(ids) != text:
+            raise TemplateError(
+                "decoding the prompt's tokens does not give back the prompt text; this tokenizer cannot "
+                "keep multi-turn sequences exact (use a byte-level BPE tokenizer such as Qwen's or Llama 3's)"
+            )
+        return ids
+
+    def continuation(
+        self, ids: list[int], before: list[dict], new: list[dict], tools: list[dict], add_generation_prompt: bool
+    ) -> tuple[list[int], bool]:
+        """Tokens that extend `ids` (the conversation `before`, as sampled) to `before + new`.
+
+        Returns (ids to append, exact). Exact: decoding the extended ids gives the template's rendering
+        of before + new. Not exact: the template rewrote an assistant message it was given (some strip
+        whitespace); the sampled tokens stay as they were and the template's framing is appended."""
+        current = self.decode(ids)
+        target = self.render(before + new, tools, add_generation_prompt)
+        if target.startswith(current):
+            return self.encode(target[len(current) :]), True
+        rendered_before = self.render(before, tools)
+        cut = rendered_before.rfind(self.end_of_turn_text)
+        if not target.startswith(rendered_before) or cut < 0 or not current.endswith(self.end_of_turn_text):
+            raise TemplateError(
+                "the chat template is not prefix-stable: rendering a conversation and then a longer one "
+                "changes the text of the earlier messages, so observation tokens cannot be appended exactly"
+            )
+        glue = rendered_before[cut + len(self.end_of_turn_text) :]
+        return self.encode(glue + target[len(rendered_before) :]), False

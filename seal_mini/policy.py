@@ -1,0 +1,219 @@
+"""Load the policy: a causal LM with a LoRA adapter, its tokenizer and its chat renderer.
+
+One function, `load_policy(cfg)`, picks how (`model.backend`):
+  unsloth  FastLanguageModel with 4-bit weights; needs a CUDA GPU and the optional unsloth extra
+           (requirements-gpu.txt). Imported only here, only when chosen.
+  hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
+           precision on CPU unless model.cpu_4bit.
+  auto     unsloth where a CUDA GPU and unsloth are both present, else hf.
+The reference policy of the KL term is the same model with the adapter switched off
+(`policy.reference()`), so there is never a second copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seal_mini import attention
+from seal_mini.chat import ChatRenderer
+from seal_mini.config import Config, ConfigError
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+TINY = "tiny-random"
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    """The peft-wrapped causal LM; its LoRA parameters are the only trainable ones."""
+    tokenizer: object
+    renderer: ChatRenderer
+    device: torch.device
+    backend: str
+    """unsloth | hf: what actually loaded it."""
+    dtype: torch.dtype
+    """Compute dtype (float32 on CPU)."""
+
+    def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
+        """The conversation as the model sees it (the chat template, tools as model.tool_format says)."""
+        return self.renderer.render(messages, tools, add_generation_prompt)
+
+    @contextmanager
+    def reference(self):
+        """Inside this block the model is the frozen base: the adapter is switched off."""
+        with self.model.disable_adapter():
+            yield self.model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA parameters (what the optimizer updates)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` -> cuda when available, else cpu; asking for cuda without one is a config error."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but no CUDA GPU is visible; use device=cpu or auto")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_backend(cfg: Config, device: torch.device) -> str:
+    """The backend `model.backend` resolves to on this machine."""
+    wanted = cfg.model.backend
+    has_unsloth = importlib.util.find_spec("unsloth") is not None
+    special = cfg.model.name == TINY or bool(cfg.model.gguf_file)
+    if wanted == "auto":
+        return "unsloth" if device.type == "cuda" and has_unsloth and not special else "hf"
+    if wanted == "unsloth":
+        if device.type != "cuda":
+            raise ConfigError("model.backend: unsloth needs a CUDA GPU; use model.backend=hf on CPU")
+        if not has_unsloth:
+            raise ConfigError(
+                "model.backend: unsloth is not installed; pip install -r requirements-gpu.txt -c requirements.txt "
+                "(bash run.sh does this where a GPU is present) or use model.backend=hf"
+            )
+        if special:
+            raise ConfigError("model.backend: unsloth cannot load tiny-random or GGUF models; use model.backend=hf")
+    return wanted
+
+
+def _load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
+    """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    if cfg.model.name == TINY:
+        from seal_mini.testing import tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        return tiny_model(tokenizer).to(device=device, dtype=dtype), tokenizer
+
+    kwargs: dict = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation}
+    quantize = cfg.model.load_in_4bit and not cfg.model.gguf_file and (device.type == "cuda" or cfg.model.cpu_4bit)
+    if quantize:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+        )
+        kwargs["device_map"] = {"": str(device)}
+    if cfg.model.gguf_file:
+        kwargs["gguf_file"] = cfg.model.gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.name, gguf_file=cfg.model.gguf_file or None)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model.name, **kwargs)
+    except OSError as e:
+        raise ConfigError(
+            f"model.name: cannot load {cfg.model.name!r} ({str(e).splitlines()[0]}); give a local folder, "
+            "a hub id already in the local cache, or tiny-random"
+        ) from None
+    if not quantize:
+        model = model.to(device)
+    if quantize and device.type == "cpu":
+        # On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights on the first no-grad forward and
+        # later backward passes come out wrong; the plain CPU kernel is correct.
+        import bitsandbytes as bnb
+
+        for module in model.modules():
+            if isinstance(module, bnb.nn.Linear4bit):
+                module.support_avx512bf16_for_cpu = False
+    if cfg.model.gguf_file:  # GGUF weights arrive dequantized; forget the quantizer so saving works
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def _add_lora(model, cfg: Config):
+    """Wrap the base model with a fresh LoRA adapter (seeded), or the one at lora.adapter_path."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if cfg.model.gradient_checkpointing:
+        # Only active in train mode (the update); rollouts run in eval mode with a KV cache.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.adapter_path:
+        path = Path(cfg.lora.adapter_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
+        return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    lora = LoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with torch.random.fork_rng(devices=[]):  # the adapter's init depends on cfg.seed alone
+            torch.manual_seed(cfg.seed)
+            return get_peft_model(model, lora)
+    except ValueError as e:
+        raise ConfigError(f"lora.target_modules: {e}") from None
+
+
+def _load_unsloth(cfg: Config, dtype: torch.dtype):
+    """(peft model, tokenizer) through unsloth's FastLanguageModel (GPU only)."""
+    from unsloth import FastLanguageModel  # optional GPU extra, imported only when chosen
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=cfg.model.name,
+        max_seq_length=cfg.rollout.max_total_tokens,
+        dtype=dtype,
+        load_in_4bit=cfg.model.load_in_4bit,
+    )
+    if cfg.lora.adapter_path:
+        from peft import PeftModel
+
+        path = Path(cfg.lora.adapter_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
+        model = PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    else:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=cfg.lora.rank,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            bias="none",
+            use_gradient_checkpointing="unsloth" if cfg.model.gradient_checkpointing else False,
+            random_state=cfg.seed,
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def load_policy(cfg: Config) -> Policy:
+    """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates."""
+    device = resolve_device(cfg.device)
+    dtype = torch.float32 if device.type == "cpu" else DTYPES[cfg.model.dtype]
+    backend = resolve_backend(cfg, device)
+    if backend == "unsloth":
+        model, tokenizer = _load_unsloth(cfg, dtype)
+    else:
+        base, tokenizer = _load_hf_base(cfg, device, dtype)
+        if cfg.model.attn_implementation == "sdpa":
+            base.set_attn_implementation(attention.register())  # sdpa without the per-step K/V copy
+        model = _add_lora(base, cfg)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra_stops = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    renderer = ChatRenderer(tokenizer, cfg.model.tool_format, extra_stop_ids=extra_stops)
+    model.eval()
+    return Policy(model, tokenizer, renderer, device, backend, dtype)
+
+
+def save_adapter(policy: Policy, path: str | Path) -> Path:
+    """Write the LoRA adapter (only the adapter: the base comes from model.name) to a folder."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(str(path))
+    return path
