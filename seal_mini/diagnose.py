@@ -34,7 +34,7 @@ import copy
 import math
 import pickle
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seal_mini.bfcl import Task
@@ -136,51 +136,6 @@ def reference(task: Task) -> Reference:
 _MISSING = object()
 
 
-def diff_paths(a, b, path: tuple = (), seen: frozenset = frozenset()) -> Iterator[tuple]:
-    """Paths (dict keys, attribute names, list indices) of the smallest parts where a and b differ."""
-    if a == b:
-        return
-    if type(a) is not type(b):
-        yield path
-    elif isinstance(a, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            if key not in a or key not in b:
-                yield path + (key,)
-            else:
-                yield from diff_paths(a[key], b[key], path + (key,), seen)
-    elif isinstance(a, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            yield from diff_paths(x, y, path + (i,), seen)
-    elif hasattr(a, "__dict__") and not isinstance(a, type):
-        # Back-end objects (a file system's Directory / File): compare public attributes, skipping
-        # back-references to an enclosing object (a directory's parent), which equality ignores too.
-        seen = seen | {id(a), id(b)}
-        for key, value in vars(a).items():
-            other = getattr(b, key, _MISSING)
-            if key.startswith("_") or id(value) in seen or id(other) in seen:
-                continue
-            if other is _MISSING:
-                yield path + (key,)
-            else:
-                yield from diff_paths(value, other, path + (key,), seen)
-    else:
-        yield path
-
-
-def _at(state, path: tuple):
-    node = state
-    for key in path:
-        if isinstance(node, dict):
-            node = node.get(key, _MISSING)
-        elif isinstance(node, list):
-            node = node[key] if isinstance(key, int) and key < len(node) else _MISSING
-        else:
-            node = getattr(node, key, _MISSING) if isinstance(key, str) else _MISSING
-        if node is _MISSING:
-            break
-    return node
-
-
 def _number(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -198,19 +153,44 @@ def same_change(model_before, model_after, gt_before, gt_after) -> bool:
         m, g = len(model_before), len(gt_before)
         return model_after[:m] == model_before and gt_after[:g] == gt_before and model_after[m:] == gt_after[g:]
     if all(isinstance(v, (set, frozenset)) for v in values):
-        return model_after - model_before == gt_after - gt_before and model_before - model_after == (
-            gt_before - gt_after
-        )
+        added = model_after - model_before == gt_after - gt_before
+        return added and model_before - model_after == gt_before - gt_after
     return False
 
 
-def new_differences(model_before: dict, model_after: dict, gt_before: dict, gt_after: dict) -> list[tuple]:
-    """Paths where the states differ after the turn because of this turn, not an earlier one."""
+def _child(node, key):
+    if isinstance(node, dict):
+        return node.get(key, _MISSING)
+    if isinstance(node, list):
+        return node[key] if isinstance(key, int) and key < len(node) else _MISSING
+    return _MISSING if node is _MISSING else getattr(node, key, _MISSING)
+
+
+def new_differences(
+    model_before, model_after, gt_before, gt_after, path: tuple = (), seen: frozenset = frozenset()
+) -> list[tuple]:
+    """Paths (dict keys, attribute names, list indices) where the states differ after the turn because
+    of this turn, not an earlier one. Descends where the two after-states differ, carrying the two
+    before-states along, and judges each differing part with same_change."""
+    if model_after == gt_after:
+        return []
+    if type(model_after) is type(gt_after) and isinstance(model_after, dict):
+        keys = list(model_after) + [k for k in gt_after if k not in model_after]
+    elif type(model_after) is type(gt_after) and isinstance(model_after, list) and len(model_after) == len(gt_after):
+        keys = range(len(model_after))
+    elif type(model_after) is type(gt_after) and hasattr(model_after, "__dict__") and not isinstance(model_after, type):
+        # Back-end objects (a file system's Directory / File): public attributes, skipping
+        # back-references to an enclosing object (a directory's parent), which equality ignores too.
+        seen = seen | {id(model_after), id(gt_after)}
+        keys = [k for k, v in vars(model_after).items() if not k.startswith("_") and id(v) not in seen]
+    else:  # a leaf, or a part only one side has
+        return [] if same_change(model_before, model_after, gt_before, gt_after) else [path]
     out = []
-    for path in diff_paths(model_after, gt_after):
-        values = [_at(state, path) for state in (model_before, model_after, gt_before, gt_after)]
-        if not same_change(*values):
-            out.append(path)
+    for key in keys:
+        after = _child(model_after, key), _child(gt_after, key)
+        if after[0] != after[1]:  # most parts agree: skip them before anything else
+            before = _child(model_before, key), _child(gt_before, key)
+            out += new_differences(before[0], after[0], before[1], after[1], path + (key,), seen)
     return out
 
 
@@ -261,10 +241,7 @@ class TurnEvidence:
             self._differences = []
             if self.model_after is not None and self.model_before is not None:
                 for cls in self.differing:
-                    unmoved = cls not in self.moved or (
-                        self.gt_after[cls] is self.gt_before[cls] and self.model_after[cls] == self.model_before[cls]
-                    )
-                    if unmoved:  # an inherited difference that neither side changed this turn
+                    if cls not in self.moved:  # an inherited difference that neither side touched
                         continue
                     self._differences += [
                         (cls, *path)
@@ -420,15 +397,16 @@ def evidence(episode) -> list[TurnEvidence]:
         gt_before = ref.initial_state if k == 0 else ref.states[k - 1]
         gt_after = ref.states[k]
         diverged_before = not all(same.values())
+        # Back ends never touch each other's state: a class the model did not call this turn kept its
+        # state, and where the reference's did not move either (it shares the snapshot object), the
+        # comparison of the turn before still holds. Only the rest is compared.
         touched = {ref.owners.get(e.name) for e in executed}
         moved = {cls for cls in same if cls in touched or gt_after[cls] is not gt_before[cls]}
-        if model_after is None:
-            same = dict.fromkeys(same, False)
-        else:
-            # Back ends never touch each other's state: a class the model did not call this turn kept its
-            # state, and where the reference's did not move either (it shares the snapshot object), the
-            # comparison of the turn before still holds. Only the rest is compared.
-            same = {cls: model_after[cls] == gt_after[cls] if cls in moved else same[cls] for cls in same}
+        for cls in same:
+            if model_after is None:
+                same[cls] = False
+            elif cls in moved:
+                same[cls] = model_after[cls] == gt_after[cls]
         out.append(
             TurnEvidence(
                 record=record,

@@ -31,10 +31,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from seal_mini.bfcl import Task, load_tasks, to_chat_tool, tool_docs
-from seal_mini.config import CATEGORIES, LABELS
+from seal_mini.config import CATEGORIES, LABELS, EnvConfig
 from seal_mini.diagnose import FAILURE_LABELS, diagnose_turns, evidence, reference
 from seal_mini.env import Episode, new_instances, public_methods
-from seal_mini.oracle import DONE_TEXT, ground_truth_turns, scripted_messages
+from seal_mini.oracle import DONE_TEXT, ground_truth_turns
 from seal_mini.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
 from seal_mini.verifier import check
 
@@ -59,7 +59,7 @@ CHECKER_ERROR = {
 }
 FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
 """The small model's finer state_mismatch cause that each fault kind implies."""
-NO_CALL_TEXT = "I have taken care of that."
+MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
 ATTEMPTS = 3
 """Draws per task and fault kind before a fault that does not take is counted as not realized."""
 
@@ -117,12 +117,23 @@ def _clean(task: Task, p: list[list[PlannedCall]], turn: int) -> list[int]:
     return out
 
 
-# --- fault builders: (task, plan, turn, rng) -> (messages of that turn, note), or None where the fault
-# cannot be made at that turn. Every other turn replays the ground truth.
+# --- fault builders: (task, plan, turn, rng) -> (the turn's <tool_call> blocks, note), or None where the
+# fault cannot be made at that turn. The turn ends with a final answer; every other turn replays the
+# ground truth.
 
 
-def _message(calls: list[tuple[str, dict]]) -> str:
-    return "\n".join(format_call(n, a) for n, a in calls)
+def _blocks(calls: list[tuple[str, dict]]) -> list[str]:
+    return [format_call(n, a) for n, a in calls]
+
+
+def turn_messages(blocks: list[str], parallel: bool = False, final: str | None = DONE_TEXT) -> list[str]:
+    """A turn's assistant messages: one call per message, as an agent that reads each result before
+    its next call (parallel: all calls in one message, as the oracle scripts), then the final answer."""
+    # A turn needing more calls than the per-turn message limit (a few long_context turns) can only
+    # be done with several calls per message.
+    parallel = parallel or len(blocks) > MAX_MESSAGES_PER_TURN
+    calls = (["\n".join(blocks)] if parallel else list(blocks)) if blocks else []
+    return calls + ([final] if final is not None else [])
 
 
 def _pairs(calls: list[PlannedCall]) -> list[tuple[str, dict]]:
@@ -137,7 +148,7 @@ def _malformed(task, p, turn, rng):
     blocks = [format_call(n, a) for n, a in calls]
     body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
     blocks[i] = f"{OPEN}\n{body[:-1]}\n{CLOSE}"  # the closing brace is missing
-    return ["\n".join(blocks), DONE_TEXT], f"{calls[i][0]} broken"
+    return blocks, f"{calls[i][0]} broken"
 
 
 _ALL_CLASSES = (
@@ -164,12 +175,12 @@ def _not_offered(task, p, turn, rng):
         later = [c for calls_ in p[reveal:] for c in calls_ if c.name in names]
         if turn < reveal and later:
             calls[i] = (later[0].name, dict(later[0].arguments))
-            return [_message(calls), DONE_TEXT], f"held-out {later[0].name} before its reveal"
+            return _blocks(calls), f"held-out {later[0].name} before its reveal"
     offered = {d["name"] for d in task.tools} | {d["name"] for ds in task.held_out.values() for d in ds}
     foreign = sorted(d["name"] for cls in _ALL_CLASSES if cls not in task.involved_classes for d in tool_docs(cls))
     foreign = [name for name in foreign if name not in offered]
     calls[i] = (rng.choice(foreign), calls[i][1])
-    return [_message(calls), DONE_TEXT], f"{calls[i][0]} instead of {p[turn][i].name}"
+    return _blocks(calls), f"{calls[i][0]} instead of {p[turn][i].name}"
 
 
 def _argument_fault(pick):
@@ -184,7 +195,7 @@ def _argument_fault(pick):
         calls = _pairs(p[turn])
         arguments, note = pick(p[turn][i], schemas[calls[i][0]], rng)
         calls[i] = (calls[i][0], arguments)
-        return [_message(calls), DONE_TEXT], f"{calls[i][0]}: {note}"
+        return _blocks(calls), f"{calls[i][0]}: {note}"
 
     return build
 
@@ -263,7 +274,7 @@ def _drop(want_state: bool):
             return None
         kept = _pairs(calls)
         dropped = kept.pop(rng.choice(options))
-        return [_message(kept), DONE_TEXT], f"{dropped[0]} left out"
+        return _blocks(kept), f"{dropped[0]} left out"
 
     return build
 
@@ -276,11 +287,11 @@ def _spurious(task, p, turn, rng):
     if not pool:
         return None
     c = rng.choice([c for c in pool if not c.changes_state] or pool)  # a read, where the task has one
-    return [_message([(c.name, dict(c.arguments))]), DONE_TEXT], f"{c.name} called"
+    return _blocks([(c.name, dict(c.arguments))]), f"{c.name} called"
 
 
 def _no_call(task, p, turn, rng):
-    return ([NO_CALL_TEXT], "answered without a call") if p[turn] else None
+    return ([], "answered without a call") if p[turn] else None
 
 
 def _failing(task, p, turn, rng):
@@ -297,7 +308,7 @@ def _failing(task, p, turn, rng):
     name, arguments = calls[i]
     arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
     calls[i] = (name, {**arguments, arg: "no_such_" + arguments[arg]})
-    return [_message(calls), DONE_TEXT], f"{name}({arg}=no_such_...) fails"
+    return _blocks(calls), f"{name}({arg}=no_such_...) fails"
 
 
 BUILDERS = {
@@ -390,9 +401,10 @@ class Timer:
 
 
 def _timed(timer: Timer, key: str, fn, *args, **kwargs):
-    start = time.perf_counter()
+    # CPU time of this process: on a machine shared with other jobs, wall time would also count theirs.
+    start = time.process_time()
     out = fn(*args, **kwargs)
-    setattr(timer, key, getattr(timer, key) + time.perf_counter() - start)
+    setattr(timer, key, getattr(timer, key) + time.process_time() - start)
     return out
 
 
@@ -425,7 +437,12 @@ def _score(kind, tally, task, episode, turn, note, examples, timer, confusion, a
 
 
 def run_check(
-    categories=CATEGORIES, limit: int = 0, seed: int = 0, examples: int = 3, turns_per_fault: int = 0
+    categories=CATEGORIES,
+    limit: int = 0,
+    seed: int = 0,
+    examples: int = 3,
+    turns_per_fault: int = 0,
+    parallel: bool = False,
 ) -> dict:
     """Clean, faulty and cut-short episodes for every task; returns all the numbers.
 
@@ -450,7 +467,7 @@ def run_check(
         _timed(timer, "reference", reference, task)
         p = plan(task)
         gt = [_pairs(calls) for calls in p]
-        gt_messages = [scripted_messages(calls) for calls in gt]
+        gt_messages = [turn_messages(_blocks(calls), parallel) for calls in gt]
 
         episode = _timed(timer, "execute", drive, task, gt_messages)
         diagnoses = diagnose_timed(episode)
@@ -478,8 +495,8 @@ def run_check(
                     built = builder(task, p, turn, rng)
                     if built is None:
                         break
-                    texts, note = built
-                    messages = gt_messages[:turn] + [texts] + gt_messages[turn + 1 :]
+                    blocks, note = built
+                    messages = gt_messages[:turn] + [turn_messages(blocks, parallel)] + gt_messages[turn + 1 :]
                     episode = _timed(timer, "execute", drive, task, messages)
                     if realized(kind, episode, turn):
                         break
@@ -496,11 +513,12 @@ def run_check(
         # Cut short at every turn: truncated after the turn's calls, and over the per-turn call limit.
         any_call = [(c.name, dict(c.arguments)) for calls in p for c in calls][:1]
         for turn in range(len(task.turns)):
-            truncated = gt_messages[:turn] + [[_message(gt[turn])] if gt[turn] else []]
+            truncated = gt_messages[:turn] + [turn_messages(_blocks(gt[turn]), parallel, final=None)]
             episodes = [_timed(timer, "execute", drive, task, truncated, cut_turn=turn)]
             calls = gt[turn] or any_call
             if calls:  # one call message too many for a limit of one
-                looping = gt_messages[:turn] + [[_message(calls), _message(calls), DONE_TEXT]]
+                message = "\n".join(_blocks(calls))
+                looping = gt_messages[:turn] + [[message, message, DONE_TEXT]]
                 episodes.append(_timed(timer, "execute", drive, task, looping, max_calls_per_turn=1))
             for episode in episodes:
                 cut["episodes"] += 1
@@ -550,8 +568,6 @@ def _summary(tallies, confusion, clean, around, cut, crashes, timer) -> dict:
             faults[kind]["checker_at_fault_turn"] = dict(t.checker_types.most_common())
     n = max(timer.episodes, 1)
     execute_ms = 1000 * timer.execute / n
-    rules_ms = 1000 * timer.rules / n
-    reference_ms = 1000 * timer.reference / max(timer.tasks, 1)
     timing = {
         "episodes": timer.episodes,
         "tasks": timer.tasks,
@@ -561,11 +577,12 @@ def _summary(tallies, confusion, clean, around, cut, crashes, timer) -> dict:
         "reference_s": round(timer.reference, 3),
         "verify_s": round(timer.verify, 3),
         "execute_ms_per_episode": round(execute_ms, 3),
-        "rules_ms_per_episode": round(rules_ms, 3),
-        "reference_ms_per_task": round(reference_ms, 3),
+        "rules_ms_per_episode": round(1000 * timer.rules / n, 3),
+        "reference_ms_per_task": round(1000 * timer.reference / max(timer.tasks, 1), 3),
+        # Diagnosing one more episode of a task whose reference is built (the G samples of a group):
+        "rules_over_execute": round(timer.rules / max(timer.execute, 1e-9), 4),
+        # Everything, the reference of each task included, over everything executed here:
         "diagnose_over_execute": round((timer.rules + timer.reference) / max(timer.execute, 1e-9), 4),
-        # A training round diagnoses G = 8 samples per task with one reference between them.
-        "diagnose_over_execute_g8": round((rules_ms + reference_ms / 8) / max(execute_ms, 1e-9), 4),
     }
     return {
         "clean": {
@@ -605,9 +622,9 @@ def judge_agreement(judge, categories=CATEGORIES, limit: int = 0, seed: int = 0,
         options = [(t, b) for t in range(len(p)) if (b := BUILDERS[kind](task, p, t, random.Random(i)))]
         if not options:
             continue
-        turn, (texts, _) = rng.choice(options)
-        gt_messages = [scripted_messages(_pairs(calls)) for calls in p]
-        episode = drive(task, gt_messages[:turn] + [texts] + gt_messages[turn + 1 :])
+        turn, (blocks, _) = rng.choice(options)
+        gt_messages = [turn_messages(_blocks(_pairs(calls))) for calls in p]
+        episode = drive(task, gt_messages[:turn] + [turn_messages(blocks)] + gt_messages[turn + 1 :])
         diagnoses = diagnose_turns(episode)
         rule_label = diagnoses[turn].label
         if rule_label not in FAILURE_LABELS:
@@ -680,8 +697,9 @@ def _print_report(result: dict) -> None:
         f"ground-truth reference {t['reference_s']} s ({t['reference_ms_per_task']} ms per task)"
     )
     print(
-        f"  diagnosing / executing = {t['diagnose_over_execute']} here; "
-        f"{t['diagnose_over_execute_g8']} for a group of 8 samples per task (official checker: {t['verify_s']} s)"
+        f"  diagnosing / executing: {t['rules_over_execute']} per episode once its task's reference exists; "
+        f"{t['diagnose_over_execute']} with every reference counted ({t['episodes'] / max(t['tasks'], 1):.1f} "
+        f"episodes per task here). CPU seconds. The official checker took {t['verify_s']} s for its calls here."
     )
     if result.get("small_model"):
         s = result["small_model"]
@@ -709,9 +727,12 @@ def main(argv: list[str]) -> int:
         default=0,
         help="faulted turns per task and kind (0 = every turn where it applies)",
     )
+    parser.add_argument(
+        "--parallel", action="store_true", help="script all calls of a turn in one message (default: one per message)"
+    )
     parser.add_argument("--small-model-turns", type=int, default=70, help="faulty episodes the small model judges")
     args = parser.parse_args(argv)
-    result = run_check(args.categories, args.limit, args.seed, args.examples, args.turns_per_fault)
+    result = run_check(args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel)
     if args.small_model:
         from seal_mini.config import DiagnosisConfig
         from seal_mini.judge import judge_from_config, tiny_random_judge

@@ -123,7 +123,7 @@ def test_each_fault_kind_on_hand_picked_tasks(kind):
             built = diagnose_check.BUILDERS[kind](task, p, turn, random.Random(turn))
             if built is None:
                 continue
-            episode = diagnose_check.drive(task, gt[:turn] + [built[0]] + gt[turn + 1 :])
+            episode = diagnose_check.drive(task, gt[:turn] + [diagnose_check.turn_messages(built[0])] + gt[turn + 1 :])
             if not diagnose_check.realized(kind, episode, turn):
                 continue
             labels = diagnose(episode)
