@@ -10,6 +10,7 @@ from seal_mini.config import ConfigError
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
     "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
+    "diagnose-check": ("seal_mini.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
     "bench": ("seal_mini.bench", "benchmarks that print numbers (bench rollout: batched vs one-at-a-time rollouts)"),
 }
 

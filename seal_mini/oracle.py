@@ -30,7 +30,7 @@ def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         raise ValueError(f"not a plain call: {text!r}")
     name = node.func.id
-    params = list(inspect.signature(methods[name]).parameters)
+    params = list(inspect.signature(methods[name]).parameters) if node.args else []
     args = {params[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
     args.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
     return name, args

@@ -1,0 +1,748 @@
+"""`python -m seal_mini diagnose-check`: prove the diagnoser on injected faults over all 800 tasks.
+
+For every task it replays the ground truth through the environment (the clean episode: every turn must
+come out pass or correct_abstention), then builds one faulty episode per fault kind: the ground truth
+with a single fault injected at one turn drawn at random among the turns where the fault can be
+made. Each faulty episode is diagnosed and the label at the faulted turn is compared with the fault's
+expected label. It also cuts episodes short (token truncation, per-turn call limit) and checks that
+the cut turn and the turns after it never count as pass.
+
+Some faults leave no trace at their own turn, or another one than intended (a changed value the back
+end does not store; a dropped booking that a later cancellation in the same turn would have undone).
+For the three kinds whose label rests on the fault's effect, the official BFCL checker decides: it is
+run on the episode's turns up to the faulted one, and the fault is attributable when the checker fails
+that turn with the error type of the expected label (instance_state_mismatch for state_mismatch,
+execution_response_mismatch for response_mismatch). Accuracy is reported over all faulty episodes and
+over the attributable ones; for the other kinds every fault is attributable by construction.
+
+The last line of output is one JSON object with every number printed above it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import pickle
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from seal_mini.bfcl import Task, load_tasks, to_chat_tool, tool_docs
+from seal_mini.config import CATEGORIES, LABELS, EnvConfig
+from seal_mini.diagnose import FAILURE_LABELS, diagnose_turns, evidence, reference
+from seal_mini.env import Episode, new_instances, public_methods
+from seal_mini.oracle import DONE_TEXT, ground_truth_turns
+from seal_mini.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
+from seal_mini.verifier import check
+
+# fault kind -> (expected label at the faulted turn, what is injected)
+FAULTS: dict[str, tuple[str, str]] = {
+    "malformed_call": ("invalid_tool_call", "one call of the turn is written as broken JSON"),
+    "tool_not_offered": ("invalid_tool_call", "one call names a tool the task does not offer (yet)"),
+    "missing_required_argument": ("argument_mismatch", "one call leaves out a required argument"),
+    "wrong_argument_type": ("argument_mismatch", "one argument gets a value of another JSON type"),
+    "wrong_argument_value": ("state_mismatch", "a state-changing call gets another value of the right type"),
+    "dropped_state_call": ("state_mismatch", "a state-changing call of a multi-call turn is left out"),
+    "dropped_read_call": ("response_mismatch", "a read-only call whose output the turn shows is left out"),
+    "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
+    "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
+    "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
+}
+EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
+"""Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
+CHECKER_ERROR = {
+    "state_mismatch": "multi_turn:instance_state_mismatch",
+    "response_mismatch": "multi_turn:execution_response_mismatch",
+}
+FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
+"""The small model's finer state_mismatch cause that each fault kind implies."""
+MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
+ATTEMPTS = 3
+"""Draws per task and fault kind before a fault that does not take is counted as not realized."""
+
+
+# --- what each ground-truth call does -----------------------------------------------------------------
+
+
+@dataclass
+class PlannedCall:
+    name: str
+    arguments: dict
+    changes_state: bool
+    """Executing it changed the public state of its back end (in the ground truth's own run)."""
+    owner: str = ""
+    """The back-end class that implements it."""
+
+
+def plan(task: Task) -> list[list[PlannedCall]]:
+    """The ground truth's calls per turn, each marked by whether it changes the public state."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    turns = []
+    for calls in ground_truth_turns(task):
+        planned = []
+        for name, arguments in calls:
+            instance = methods[name].__self__
+            before = pickle.loads(pickle.dumps({k: v for k, v in vars(instance).items() if not k.startswith("_")}))
+            try:
+                methods[name](**copy.deepcopy(arguments))  # back ends keep (and later grow) lists passed in
+            except Exception:  # noqa: BLE001 - a raising reference call changes nothing we need to know
+                pass
+            after = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
+            planned.append(PlannedCall(name, arguments, after != before, type(instance).__name__))
+        turns.append(planned)
+    return turns
+
+
+def offered_schemas(task: Task, turn: int) -> dict[str, dict]:
+    """Tool name -> JSON-schema parameters of the tools offered at a turn."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    return {d["name"]: to_chat_tool(d)["function"]["parameters"] for d in docs}
+
+
+def _clean(task: Task, p: list[list[PlannedCall]], turn: int) -> list[int]:
+    """Calls of the turn that fit the tools offered at that turn. A few reference calls break the
+    schema themselves (a string ticket id; a held-out tool used before its reveal): a fault is only
+    injected into a clean call, so that it is the one problem of its turn."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    tools = {d["name"]: to_chat_tool(d) for d in docs}
+    out = []
+    for i, c in enumerate(p[turn]):
+        checked = validate_call({"name": c.name, "arguments": c.arguments}, tools)
+        if isinstance(checked, ToolCall) and not checked.violation:
+            out.append(i)
+    return out
+
+
+# --- fault builders: (task, plan, turn, rng) -> (the turn's <tool_call> blocks, note), or None where the
+# fault cannot be made at that turn. The turn ends with a final answer; every other turn replays the
+# ground truth.
+
+
+def _blocks(calls: list[tuple[str, dict]]) -> list[str]:
+    return [format_call(n, a) for n, a in calls]
+
+
+def turn_messages(blocks: list[str], parallel: bool = False, final: str | None = DONE_TEXT) -> list[str]:
+    """A turn's assistant messages: one call per message, as an agent that reads each result before
+    its next call (parallel: all calls in one message, as the oracle scripts), then the final answer."""
+    # A turn needing more calls than the per-turn message limit (a few long_context turns) can only
+    # be done with several calls per message.
+    parallel = parallel or len(blocks) > MAX_MESSAGES_PER_TURN
+    calls = (["\n".join(blocks)] if parallel else list(blocks)) if blocks else []
+    return calls + ([final] if final is not None else [])
+
+
+def _pairs(calls: list[PlannedCall]) -> list[tuple[str, dict]]:
+    return [(c.name, dict(c.arguments)) for c in calls]
+
+
+def _malformed(task, p, turn, rng):
+    if not p[turn]:
+        return None
+    calls = _pairs(p[turn])
+    i = rng.randrange(len(calls))
+    blocks = [format_call(n, a) for n, a in calls]
+    body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
+    blocks[i] = f"{OPEN}\n{body[:-1]}\n{CLOSE}"  # the closing brace is missing
+    return blocks, f"{calls[i][0]} broken"
+
+
+_ALL_CLASSES = (
+    "GorillaFileSystem",
+    "MathAPI",
+    "MessageAPI",
+    "TwitterAPI",
+    "TicketAPI",
+    "TradingBot",
+    "TravelAPI",
+    "VehicleControlAPI",
+)
+
+
+def _not_offered(task, p, turn, rng):
+    if not p[turn]:
+        return None
+    calls = _pairs(p[turn])
+    i = rng.randrange(len(calls))
+    # miss_func: a held-out tool called (with the arguments the ground truth later gives it) before
+    # its reveal. Elsewhere: a real BFCL tool of a back end the task does not involve.
+    for reveal, docs in sorted(task.held_out.items()):
+        names = {d["name"] for d in docs}
+        later = [c for calls_ in p[reveal:] for c in calls_ if c.name in names]
+        if turn < reveal and later:
+            calls[i] = (later[0].name, dict(later[0].arguments))
+            return _blocks(calls), f"held-out {later[0].name} before its reveal"
+    offered = {d["name"] for d in task.tools} | {d["name"] for ds in task.held_out.values() for d in ds}
+    foreign = sorted(d["name"] for cls in _ALL_CLASSES if cls not in task.involved_classes for d in tool_docs(cls))
+    foreign = [name for name in foreign if name not in offered]
+    calls[i] = (rng.choice(foreign), calls[i][1])
+    return _blocks(calls), f"{calls[i][0]} instead of {p[turn][i].name}"
+
+
+def _argument_fault(pick):
+    """A builder that changes one call's arguments: pick(call, schema, rng) -> (arguments, note) or None."""
+
+    def build(task, p, turn, rng):
+        schemas = offered_schemas(task, turn)
+        options = [i for i in _clean(task, p, turn) if pick(p[turn][i], schemas[p[turn][i].name], None)]
+        if not options:
+            return None
+        i = rng.choice(options)
+        calls = _pairs(p[turn])
+        arguments, note = pick(p[turn][i], schemas[calls[i][0]], rng)
+        calls[i] = (calls[i][0], arguments)
+        return _blocks(calls), f"{calls[i][0]}: {note}"
+
+    return build
+
+
+def _choose(options: list, rng):
+    """rng.choice, or the first option when only asked whether there is one (rng None)."""
+    return options[0] if rng is None else rng.choice(options)
+
+
+def _drop_required(call, schema, rng):
+    present = [a for a in schema.get("required", []) if a in call.arguments]
+    if not present:
+        return None
+    arg = _choose(present, rng)
+    return {k: v for k, v in call.arguments.items() if k != arg}, f"without {arg}"
+
+
+_OTHER_TYPE = {"string": 404, "integer": "7", "number": "7.5", "boolean": "yes", "array": "x", "object": "x"}
+
+
+def _retype(call, schema, rng):
+    props = schema.get("properties", {})
+    typed = [a for a in call.arguments if props.get(a, {}).get("type") in _OTHER_TYPE]
+    if not typed:
+        return None
+    arg = _choose(typed, rng)
+    value = _OTHER_TYPE[props[arg]["type"]]
+    return {**call.arguments, arg: value}, f"{arg} as {type(value).__name__}"
+
+
+def _other_value(value, spec: dict):
+    """Another value of the same JSON type (inside the enum when there is one), or None."""
+    if "enum" in spec:
+        others = [v for v in spec["enum"] if v != value]
+        return others[0] if others else None
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value + 1.5
+    if isinstance(value, str):
+        return value + "_x"
+    if isinstance(value, list) and value:
+        return value[:-1] if len(value) > 1 else [_other_value(value[0], {})]
+    return None
+
+
+def _revalue(call, schema, rng):
+    if not call.changes_state:
+        return None
+    props = schema.get("properties", {})
+    options = [a for a, v in call.arguments.items() if _other_value(v, props.get(a, {})) is not None]
+    if not options:
+        return None
+    arg = _choose(options, rng)
+    return {**call.arguments, arg: _other_value(call.arguments[arg], props.get(arg, {}))}, f"{arg} changed"
+
+
+def _final_reads(calls: list[PlannedCall]) -> list[int]:
+    """Read-only calls after which the turn calls nothing else of the same back end: leaving one out or
+    making it fail touches the turn's outputs only, not a later call through hidden state (a `cd`
+    moves the file system's private working directory and every later file call with it)."""
+    return [
+        i for i, c in enumerate(calls) if not c.changes_state and not any(d.owner == c.owner for d in calls[i + 1 :])
+    ]
+
+
+def _drop(want_state: bool):
+    def build(task, p, turn, rng):
+        calls = p[turn]
+        if len(calls) < 2:  # leaving out the only call would make a missing_tool_call instead
+            return None
+        options = [i for i, c in enumerate(calls) if c.changes_state] if want_state else _final_reads(calls)
+        if not options:
+            return None
+        kept = _pairs(calls)
+        dropped = kept.pop(rng.choice(options))
+        return _blocks(kept), f"{dropped[0]} left out"
+
+    return build
+
+
+def _spurious(task, p, turn, rng):
+    if p[turn]:
+        return None
+    offered = offered_schemas(task, turn)
+    pool = [c for calls in p for c in calls if c.name in offered]
+    if not pool:
+        return None
+    c = rng.choice([c for c in pool if not c.changes_state] or pool)  # a read, where the task has one
+    return _blocks([(c.name, dict(c.arguments))]), f"{c.name} called"
+
+
+def _no_call(task, p, turn, rng):
+    return ([], "answered without a call") if p[turn] else None
+
+
+def _failing(task, p, turn, rng):
+    clean = _clean(task, p, turn)
+    options = [
+        i
+        for i in _final_reads(p[turn])
+        if i in clean and any(isinstance(v, str) for v in p[turn][i].arguments.values())
+    ]
+    if not options:
+        return None
+    i = rng.choice(options)
+    calls = _pairs(p[turn])
+    name, arguments = calls[i]
+    arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
+    calls[i] = (name, {**arguments, arg: "no_such_" + arguments[arg]})
+    return _blocks(calls), f"{name}({arg}=no_such_...) fails"
+
+
+BUILDERS = {
+    "malformed_call": _malformed,
+    "tool_not_offered": _not_offered,
+    "missing_required_argument": _argument_fault(_drop_required),
+    "wrong_argument_type": _argument_fault(_retype),
+    "wrong_argument_value": _argument_fault(_revalue),
+    "dropped_state_call": _drop(want_state=True),
+    "dropped_read_call": _drop(want_state=False),
+    "spurious_call": _spurious,
+    "no_call_answer": _no_call,
+    "unrepaired_error": _failing,
+}
+assert set(BUILDERS) == set(FAULTS)
+
+
+def realized(kind: str, episode: Episode, turn: int) -> bool:
+    """The environment's own record shows the injected fault happened (checked before diagnosing)."""
+    if turn >= len(episode.turns):
+        return False
+    events = episode.turns[turn].events
+    if kind == "malformed_call":
+        return any(e.error_kind == "parse" for e in events)
+    if kind == "tool_not_offered":
+        return any(e.error_kind == "unknown_tool" or e.violation == "not_offered" for e in events)
+    if kind == "missing_required_argument":
+        return any(e.violation == "missing_required" for e in events)
+    if kind == "wrong_argument_type":
+        return any(e.violation == "wrong_type" for e in events)
+    if kind == "unrepaired_error":
+        return any(e.error_kind == "execution" for e in events)
+    return True  # the other faults are realized by construction
+
+
+# --- driving episodes ---------------------------------------------------------------------------------
+
+
+def drive(task: Task, messages: list[list[str]], max_calls_per_turn: int = 20, cut_turn: int | None = None) -> Episode:
+    """Run scripted assistant messages per turn; with cut_turn, truncate after that turn's messages."""
+    episode = Episode(task, max_calls_per_turn=max_calls_per_turn)
+    episode.reset()
+    for k, texts in enumerate(messages):
+        for text in texts:
+            if episode.done:
+                break
+            episode.step(text)
+        if k == cut_turn and not episode.done:
+            episode.truncate()
+        if episode.done:
+            break
+    return episode
+
+
+def _prefix_verdict(task: Task, episode: Episode, turn: int):
+    """The official checker on turns 0..turn only: does the fault show at its own turn?"""
+    prefix = dataclasses.replace(task, turns=task.turns[: turn + 1], ground_truth=task.ground_truth[: turn + 1])
+    return check(prefix, episode.checker_input()[: turn + 1])
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    expected: str
+    n: int = 0
+    """Faulty episodes diagnosed."""
+    tasks: int = 0
+    """Tasks where the fault could be made at some turn."""
+    not_realized: int = 0
+    """Faults whose injection did not take (e.g. a "missing" file name that exists), after retries."""
+    correct: int = 0
+    attributable: int = 0
+    """Faults the official checker sees at their turn as the expected label (all, for other kinds)."""
+    attributable_correct: int = 0
+    labels: Counter = field(default_factory=Counter)
+    checker_types: Counter = field(default_factory=Counter)
+    misses: list = field(default_factory=list)
+
+
+@dataclass
+class Timer:
+    execute: float = 0.0
+    reference: float = 0.0
+    rules: float = 0.0
+    verify: float = 0.0
+    episodes: int = 0
+    tasks: int = 0
+
+
+def _timed(timer: Timer, key: str, fn, *args, **kwargs):
+    # CPU time of this process: on a machine shared with other jobs, wall time would also count theirs.
+    start = time.process_time()
+    out = fn(*args, **kwargs)
+    setattr(timer, key, getattr(timer, key) + time.process_time() - start)
+    return out
+
+
+def _score(kind, tally, task, episode, turn, note, examples, timer, confusion, around, crashes) -> None:
+    """Diagnose one faulty episode and count the label at its faulted turn."""
+    try:
+        timer.episodes += 1
+        diagnoses = _timed(timer, "rules", diagnose_turns, episode)
+    except Exception as e:  # counted and shown, never hidden
+        crashes.append(f"{kind} {task.id}: {type(e).__name__}: {e}")
+        return
+    label = diagnoses[turn].label
+    tally.n += 1
+    tally.labels[label] += 1
+    tally.correct += label == tally.expected
+    confusion[tally.expected][label] += 1
+    around["before"].update(d.label for d in diagnoses[:turn])
+    around["after"].update(d.label for d in diagnoses[turn + 1 :])
+    attributable = True
+    if kind in EFFECT_KINDS:
+        verdict = _timed(timer, "verify", _prefix_verdict, task, episode, turn)
+        attributable = verdict.error_type == CHECKER_ERROR[tally.expected]
+        tally.checker_types[verdict.error_type or "passed"] += 1
+    tally.attributable += attributable
+    tally.attributable_correct += attributable and label == tally.expected
+    if label != tally.expected and len(tally.misses) < examples:
+        seen = (verdict.error_type or "passes the turn") if kind in EFFECT_KINDS else ""
+        masked = "" if attributable else f" (not attributable: the official checker says {seen})"
+        tally.misses.append(f"{task.id} turn {turn} [{note}] -> {label}: {diagnoses[turn].reason}{masked}")
+
+
+def run_check(
+    categories=CATEGORIES,
+    limit: int = 0,
+    seed: int = 0,
+    examples: int = 3,
+    turns_per_fault: int = 0,
+    parallel: bool = False,
+) -> dict:
+    """Clean, faulty and cut-short episodes for every task; returns all the numbers.
+
+    Each fault kind is injected at every turn of a task where it can be made (turns_per_fault > 0:
+    at most that many such turns, drawn at random), one fault per episode."""
+    tasks = [t for t in load_tasks(categories) if not limit or t.index < limit]
+    timer = Timer(tasks=len(tasks))
+    tallies = {k: Tally(FAULTS[k][0]) for k in FAULTS}
+    confusion: dict[str, Counter] = {z: Counter() for z in LABELS}
+    clean = {"episodes": 0, "turns": 0, "labels": Counter(), "failures": []}
+    around = {"before": Counter(), "after": Counter()}
+    cut = {"episodes": 0, "crashes": 0, "cut_turn_labels": Counter(), "cut_turn_pass": 0, "later_reached": 0}
+    crashes = []
+
+    def diagnose_timed(episode):
+        timer.episodes += 1
+        return _timed(timer, "rules", diagnose_turns, episode)
+
+    for task in tasks:
+        # The reference is built once per task and shared by all its episodes, as by the G samples of
+        # a training group; its cost is timed on its own.
+        _timed(timer, "reference", reference, task)
+        p = plan(task)
+        gt = [_pairs(calls) for calls in p]
+        gt_messages = [turn_messages(_blocks(calls), parallel) for calls in gt]
+
+        episode = _timed(timer, "execute", drive, task, gt_messages)
+        diagnoses = diagnose_timed(episode)
+        clean["episodes"] += 1
+        clean["turns"] += len(diagnoses)
+        for d in diagnoses:
+            clean["labels"][d.label] += 1
+            expected = "pass" if gt[d.index] else "correct_abstention"
+            confusion[expected][d.label] += 1
+            if d.label != expected:
+                clean["failures"].append(f"{task.id} turn {d.index}: {d.label} ({d.reason})")
+
+        for kind, builder in BUILDERS.items():
+            tally = tallies[kind]
+            turns = list(range(len(task.turns)))
+            if turns_per_fault:
+                random.Random(f"{seed}:{task.id}:{kind}").shuffle(turns)
+            made = 0
+            for turn in turns:
+                if turns_per_fault and made == turns_per_fault:
+                    break
+                rng = random.Random(f"{seed}:{task.id}:{kind}:{turn}")
+                episode = built = None
+                for _ in range(ATTEMPTS):  # a fault that did not take (a "missing" value that exists) is redrawn
+                    built = builder(task, p, turn, rng)
+                    if built is None:
+                        break
+                    blocks, note = built
+                    messages = gt_messages[:turn] + [turn_messages(blocks, parallel)] + gt_messages[turn + 1 :]
+                    episode = _timed(timer, "execute", drive, task, messages)
+                    if realized(kind, episode, turn):
+                        break
+                    episode = None
+                if built is None:
+                    continue
+                made += 1
+                if episode is None:
+                    tally.not_realized += 1
+                    continue
+                _score(kind, tally, task, episode, turn, note, examples, timer, confusion, around, crashes)
+            tally.tasks += made > 0
+
+        # Cut short at every turn: truncated after the turn's calls, and over the per-turn call limit.
+        any_call = [(c.name, dict(c.arguments)) for calls in p for c in calls][:1]
+        for turn in range(len(task.turns)):
+            truncated = gt_messages[:turn] + [turn_messages(_blocks(gt[turn]), parallel, final=None)]
+            episodes = [_timed(timer, "execute", drive, task, truncated, cut_turn=turn)]
+            calls = gt[turn] or any_call
+            if calls:  # one call message too many for a limit of one
+                message = "\n".join(_blocks(calls))
+                looping = gt_messages[:turn] + [[message, message, DONE_TEXT]]
+                episodes.append(_timed(timer, "execute", drive, task, looping, max_calls_per_turn=1))
+            for episode in episodes:
+                cut["episodes"] += 1
+                try:
+                    labels = [d.label for d in diagnose_timed(episode)]
+                except Exception as e:
+                    cut["crashes"] += 1
+                    crashes.append(f"cut {task.id} turn {turn}: {type(e).__name__}: {e}")
+                    continue
+                cut["cut_turn_labels"][labels[turn]] += 1
+                cut["cut_turn_pass"] += labels[turn] in ("pass", "correct_abstention")
+                cut["later_reached"] += sum(z != "not_reached" for z in labels[turn + 1 :])
+
+    return _summary(tallies, confusion, clean, around, cut, crashes, timer)
+
+
+def _precision_recall(confusion: dict[str, Counter]) -> dict[str, dict]:
+    out = {}
+    for z in LABELS:
+        support = sum(confusion[z].values())
+        predicted = sum(row[z] for row in confusion.values())
+        hit = confusion[z][z]
+        if support or predicted:
+            out[z] = {
+                "precision": round(hit / predicted, 4) if predicted else None,
+                "recall": round(hit / support, 4) if support else None,
+                "support": support,
+            }
+    return out
+
+
+def _summary(tallies, confusion, clean, around, cut, crashes, timer) -> dict:
+    faults = {}
+    for kind, t in tallies.items():
+        faults[kind] = {
+            "expected": t.expected,
+            "episodes": t.n,
+            "accuracy": round(t.correct / t.n, 4) if t.n else None,
+            "attributable": t.attributable,
+            "attributable_accuracy": round(t.attributable_correct / t.attributable, 4) if t.attributable else None,
+            "tasks": t.tasks,
+            "not_realized": t.not_realized,
+            "labels": dict(t.labels.most_common()),
+            "misses": t.misses,
+        }
+        if kind in EFFECT_KINDS:
+            faults[kind]["checker_at_fault_turn"] = dict(t.checker_types.most_common())
+    n = max(timer.episodes, 1)
+    execute_ms = 1000 * timer.execute / n
+    timing = {
+        "episodes": timer.episodes,
+        "tasks": timer.tasks,
+        "execute_s": round(timer.execute, 3),
+        "diagnose_s": round(timer.rules + timer.reference, 3),
+        "rules_s": round(timer.rules, 3),
+        "reference_s": round(timer.reference, 3),
+        "verify_s": round(timer.verify, 3),
+        "execute_ms_per_episode": round(execute_ms, 3),
+        "rules_ms_per_episode": round(1000 * timer.rules / n, 3),
+        "reference_ms_per_task": round(1000 * timer.reference / max(timer.tasks, 1), 3),
+        # Diagnosing one more episode of a task whose reference is built (the G samples of a group):
+        "rules_over_execute": round(timer.rules / max(timer.execute, 1e-9), 4),
+        # Everything, the reference of each task included, over everything executed here:
+        "diagnose_over_execute": round((timer.rules + timer.reference) / max(timer.execute, 1e-9), 4),
+    }
+    return {
+        "clean": {
+            "episodes": clean["episodes"],
+            "turns": clean["turns"],
+            "labels": dict(clean["labels"].most_common()),
+            "all_pass_or_abstention": not clean["failures"],
+            "failures": clean["failures"][:20],
+        },
+        "faults": faults,
+        "confusion": {z: dict(row.most_common()) for z, row in confusion.items() if row},
+        "per_label": _precision_recall(confusion),
+        "turns_before_fault": dict(around["before"].most_common()),
+        "turns_after_fault": dict(around["after"].most_common()),
+        "cut_short": {**cut, "cut_turn_labels": dict(cut["cut_turn_labels"].most_common())},
+        "crashes": crashes[:20],
+        "timing": timing,
+    }
+
+
+# --- the optional small model ------------------------------------------------------------------------------
+
+
+def judge_agreement(judge, categories=CATEGORIES, limit: int = 0, seed: int = 0, turns: int = 70) -> dict:
+    """How often the small model's closed-set pick agrees with the rules on faulted turns (and, for two
+    state faults, with the finer cause the fault implies). Sampled: `turns` faulty episodes."""
+    from seal_mini.judge import FINER_LABELS, LABEL_DESCRIPTIONS, turn_prompt
+
+    tasks = [t for t in load_tasks(categories) if not limit or t.index < limit]
+    rng = random.Random(f"{seed}:judge")
+    kinds = list(FAULTS)
+    start = time.perf_counter()
+    agree = finer_agree = finer_n = n = 0
+    for i in range(turns):
+        task, kind = rng.choice(tasks), kinds[i % len(kinds)]
+        p = plan(task)
+        options = [(t, b) for t in range(len(p)) if (b := BUILDERS[kind](task, p, t, random.Random(i)))]
+        if not options:
+            continue
+        turn, (blocks, _) = rng.choice(options)
+        gt_messages = [turn_messages(_blocks(_pairs(calls))) for calls in p]
+        episode = drive(task, gt_messages[:turn] + [turn_messages(blocks)] + gt_messages[turn + 1 :])
+        diagnoses = diagnose_turns(episode)
+        rule_label = diagnoses[turn].label
+        if rule_label not in FAILURE_LABELS:
+            continue
+        ev = evidence(episode)[turn]
+        picked, _ = judge.pick(turn_prompt(ev), {z: LABEL_DESCRIPTIONS[z] for z in FAILURE_LABELS})
+        n += 1
+        agree += picked == rule_label
+        if kind in FINER_EXPECTED and rule_label == "state_mismatch":
+            judge.refine([diagnoses[turn]], {turn: ev})
+            finer_n += 1
+            finer_agree += diagnoses[turn].detail == FINER_EXPECTED[kind]
+    return {
+        "turns": n,
+        "agreement_with_rules": round(agree / n, 4) if n else None,
+        "chance": round(1 / len(FAILURE_LABELS), 4),
+        "finer_turns": finer_n,
+        "finer_agreement_with_fault": round(finer_agree / finer_n, 4) if finer_n else None,
+        "finer_chance": round(1 / len(FINER_LABELS["state_mismatch"]), 4),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+# --- printing -----------------------------------------------------------------------------------------
+
+
+def _print_report(result: dict) -> None:
+    c = result["clean"]
+    print(f"clean ground truth: {c['episodes']} episodes, {c['turns']} turns: {c['labels']}")
+    print(f"  every turn pass or correct_abstention: {c['all_pass_or_abstention']}")
+    for line in c["failures"]:
+        print(f"  ! {line}")
+    print("\nfaults (label at the faulted turn):")
+    print(f"  {'fault':<26} {'expected':<19} {'n':>5} {'acc':>7} {'attrib.':>8} {'acc':>7}  other labels")
+    for kind, f in result["faults"].items():
+        acc = "-" if f["accuracy"] is None else f"{f['accuracy']:.3f}"
+        oacc = "-" if f["attributable_accuracy"] is None else f"{f['attributable_accuracy']:.3f}"
+        others = {z: v for z, v in f["labels"].items() if z != f["expected"]}
+        print(
+            f"  {kind:<26} {f['expected']:<19} {f['episodes']:>5} {acc:>7} {f['attributable']:>8} {oacc:>7}  {others}"
+        )
+        print(f"  {'':<26} made in {f['tasks']} tasks; not realized {f['not_realized']} times")
+        if "checker_at_fault_turn" in f:
+            print(f"  {'':<26} official checker at that turn: {f['checker_at_fault_turn']}")
+        for miss in f["misses"]:
+            print(f"  {'':<26} miss: {miss}")
+    print("\nconfusion (rows expected, columns diagnosed; clean turns included):")
+    columns = [z for z in LABELS if any(z in row for row in result["confusion"].values())]
+    short = {z: z[:9] for z in columns}
+    print(f"  {'':<19}" + "".join(f"{short[z]:>10}" for z in columns))
+    for z, row in result["confusion"].items():
+        print(f"  {z:<19}" + "".join(f"{row.get(c, 0):>10}" for c in columns))
+    print("\nper label:")
+    for z, v in result["per_label"].items():
+        print(f"  {z:<19} precision {v['precision']}  recall {v['recall']}  support {v['support']}")
+    print(f"\nturns before the fault: {result['turns_before_fault']}")
+    print(f"turns after the fault:  {result['turns_after_fault']}")
+    cs = result["cut_short"]
+    print(
+        f"\ncut short: {cs['episodes']} episodes, {cs['crashes']} crashes, cut turn labelled "
+        f"{cs['cut_turn_labels']}; cut turns counted as pass: {cs['cut_turn_pass']}; "
+        f"later turns not labelled not_reached: {cs['later_reached']}"
+    )
+    for line in result["crashes"]:
+        print(f"  crash: {line}")
+    t = result["timing"]
+    print(
+        f"\ntiming: {t['episodes']} episodes; executing {t['execute_s']} s ({t['execute_ms_per_episode']} ms each); "
+        f"diagnosing {t['diagnose_s']} s = rules {t['rules_s']} s ({t['rules_ms_per_episode']} ms each) + "
+        f"ground-truth reference {t['reference_s']} s ({t['reference_ms_per_task']} ms per task)"
+    )
+    print(
+        f"  diagnosing / executing: {t['rules_over_execute']} per episode once its task's reference exists; "
+        f"{t['diagnose_over_execute']} with every reference counted ({t['episodes'] / max(t['tasks'], 1):.1f} "
+        f"episodes per task here). CPU seconds. The official checker took {t['verify_s']} s for its calls here."
+    )
+    if result.get("small_model"):
+        s = result["small_model"]
+        print(
+            f"\nsmall model on {s['turns']} faulted turns: agrees with the rules {s['agreement_with_rules']} "
+            f"(chance {s['chance']}); finer state cause matches the fault {s['finer_agreement_with_fault']} "
+            f"on {s['finer_turns']} turns (chance {s['finer_chance']}); {s['seconds']} s"
+        )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini diagnose-check", description=__doc__.split("\n")[0])
+    parser.add_argument("--limit", type=int, default=0, help="only task indices below this in each category")
+    parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the faulted-turn draws")
+    parser.add_argument("--examples", type=int, default=3, help="misses shown per fault kind")
+    parser.add_argument(
+        "--small-model",
+        default="",
+        help="also measure the small-model judge: 'tiny' (a random tiny Qwen2: mechanism only) or a local model folder",
+    )
+    parser.add_argument(
+        "--turns-per-fault",
+        type=int,
+        default=0,
+        help="faulted turns per task and kind (0 = every turn where it applies)",
+    )
+    parser.add_argument(
+        "--parallel", action="store_true", help="script all calls of a turn in one message (default: one per message)"
+    )
+    parser.add_argument("--small-model-turns", type=int, default=70, help="faulty episodes the small model judges")
+    args = parser.parse_args(argv)
+    result = run_check(args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel)
+    if args.small_model:
+        from seal_mini.config import DiagnosisConfig
+        from seal_mini.judge import judge_from_config, tiny_random_judge
+
+        if args.small_model == "tiny":
+            judge = tiny_random_judge(args.seed)
+        else:
+            judge = judge_from_config(DiagnosisConfig(small_model=True, small_model_name=args.small_model))
+        result["small_model"] = judge_agreement(judge, args.categories, args.limit, args.seed, args.small_model_turns)
+        result["small_model"]["model"] = args.small_model
+    _print_report(result)
+    print(json.dumps(result))
+    return 0
