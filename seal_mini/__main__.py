@@ -9,6 +9,10 @@ from seal_mini.config import ConfigError
 
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
+    "pipeline": ("seal_mini.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
+    "train": ("seal_mini.train", "SEAL training for a recipe, or --resume RUN_DIR"),
+    "eval": ("seal_mini.evaluate", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
+    "report": ("seal_mini.report", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": ("seal_mini.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
     "bench": ("seal_mini.bench", "benchmarks that print numbers (bench rollout: batched vs one-at-a-time rollouts)"),

@@ -1,0 +1,212 @@
+"""Held-in evaluation under the original protocol: bare environment, official checker, greedy decoding.
+
+No interface, no cue, no changed observation: `Episode` as the benchmark defines it. Every policy goes
+through the same path (`evaluate`), models and scripted policies alike, so a scripted ground-truth
+replay scoring 100% and an untrained tiny model scoring 0% test the very code that scores real models.
+Work is saved task group by task group; a stopped evaluation resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from seal_mini.bfcl import Task
+from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
+from seal_mini.env import TURN_LIMIT, Episode
+from seal_mini.oracle import POLICIES, scripted_messages
+from seal_mini.runio import read_jsonl_gz, write_json, write_jsonl_gz
+
+CHUNK = 32
+"""Tasks per saved piece of work."""
+
+
+class ModelAgent:
+    """A model policy: batched rollouts with the adapter on, or off (the backbone row)."""
+
+    def __init__(self, policy, cfg: Config, adapter: bool = True, temperature: float | None = None):
+        self.policy, self.cfg, self.adapter = policy, cfg, adapter
+        self.temperature = cfg.eval.temperature if temperature is None else temperature
+        self.name = f"{cfg.model.name}{' + adapter' if adapter else ''}"
+
+    def run(self, envs: list) -> list[dict]:
+        import torch
+
+        from seal_mini.rollout import run_rollouts
+
+        generator = torch.Generator().manual_seed(self.cfg.seed)
+        with nullcontext() if self.adapter else self.policy.reference():
+            trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, generator)
+        return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
+
+
+class ScriptedAgent:
+    """A scripted policy from seal_mini.oracle (ground_truth, empty, drop_last_call)."""
+
+    def __init__(self, mode: str):
+        if mode not in POLICIES:
+            raise ConfigError(f"--scripted {mode}: choose from {sorted(POLICIES)}")
+        self.mode, self.name = mode, f"scripted:{mode}"
+
+    def run(self, envs: list) -> list[dict]:
+        out = []
+        for env in envs:
+            messages, _ = env.reset()
+            for turn_calls in POLICIES[self.mode](env.task):
+                for text in scripted_messages(turn_calls):
+                    messages.append({"role": "assistant", "content": text})
+                    result = env.step(text)
+                    messages += result.observation
+                    if result.turn_done:
+                        break
+                if env.done:
+                    break
+            out.append({"messages": messages, "truncated": False, "n_sampled": 0})
+        return out
+
+
+def success_table(rows: list[dict]) -> dict[str, float]:
+    """Success rate per category and their mean (the paper's average over the four categories)."""
+    table = {}
+    for category in CATEGORIES:
+        rewards = [r["reward"] for r in rows if r["category"] == category]
+        if rewards:
+            table[category] = sum(rewards) / len(rewards)
+    table["mean"] = sum(table.values()) / len(table) if table else 0.0
+    return table
+
+
+def evaluate(agent, tasks: list[Task], cfg: Config, out_dir: Path, tag: str, progress: bool = True) -> dict:
+    """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories."""
+    from seal_mini.diagnose import diagnose
+    from seal_mini.verifier import check
+
+    out_dir = Path(out_dir)
+    partial = out_dir / f"{tag}.partial"
+    done_rows = []
+    if partial.exists():  # resume: keep the pieces already finished
+        for piece in sorted(partial.glob("*.jsonl.gz")):
+            done_rows += read_jsonl_gz(piece)
+    done_ids = {r["task_id"] for r in done_rows}
+    todo = [t for t in tasks if t.id not in done_ids]
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress)
+    for start in range(0, len(todo), CHUNK):
+        chunk = todo[start : start + CHUNK]
+        envs = [Episode(t, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode) for t in chunk]
+        records = agent.run(envs)
+        rows = []
+        for task, env, record in zip(chunk, envs, records, strict=True):
+            verdict = check(task, env.checker_input(), forced_quit=env.ended_by == TURN_LIMIT)
+            rows.append(
+                {
+                    "task_id": task.id,
+                    "category": task.category,
+                    "reward": verdict.reward,
+                    "error_type": verdict.error_type,
+                    "failed_turn": verdict.failed_turn,
+                    "labels": diagnose(env, verdict),
+                    **record,
+                }
+            )
+        write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
+        done_rows += rows
+        bar.update(len(chunk))
+    bar.close()
+
+    by_id = {r["task_id"]: r for r in done_rows}
+    rows = [by_id[t.id] for t in tasks]
+    result = {
+        "tag": tag,
+        "policy": agent.name,
+        "n_tasks": len(rows),
+        "success": success_table(rows),
+        "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
+        "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
+        "label_counts": _label_counts(rows),
+    }
+    write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
+    write_json(out_dir / f"{tag}.json", result)
+    if partial.exists():
+        import shutil
+
+        shutil.rmtree(partial)
+    return result
+
+
+def _label_counts(rows: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        for z in r["labels"]:
+            counts[z] = counts.get(z, 0) + 1
+    return counts
+
+
+def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
+    """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
+    from seal_mini.train import load_split, pick
+
+    if ids_file:
+        path = Path(ids_file)
+        if not path.is_file():
+            raise ConfigError(f"--ids {ids_file}: no such file (a JSON list of task ids)")
+        ids = json.loads(path.read_text())
+        if not isinstance(ids, list):
+            raise ConfigError(f"--ids {ids_file}: expected a JSON list of task ids")
+        from seal_mini.bfcl import tasks_by_id
+
+        known = tasks_by_id()
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise ConfigError(f"--ids {ids_file}: unknown task ids {unknown[:5]}")
+        return [known[i] for i in ids]
+    split = load_split(cfg)
+    ids = split["train"] + split["eval"] if cfg.eval.split == "all" else split[cfg.eval.split]
+    return pick(ids, cfg.data.max_eval_tasks)
+
+
+def print_table(result: dict) -> None:
+    cells = " | ".join(f"{k} {100 * v:.2f}%" for k, v in result["success"].items())
+    print(f"[eval] {result['tag']} ({result['policy']}, {result['n_tasks']} tasks): {cells}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini eval", description="held-in BFCL V3 evaluation")
+    parser.add_argument("recipe", help="recipes/X.yaml (model, limits, split)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--adapter", help="a trained adapter folder (e.g. runs/NAME/adapter)")
+    parser.add_argument("--scripted", help="evaluate a scripted policy instead of a model: " + ", ".join(POLICIES))
+    parser.add_argument("--ids", help="a JSON list of task ids instead of the split")
+    parser.add_argument("--tag", default="", help="name of the result files (default: base / adapter / scripted)")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.recipe, args.overrides)
+    tasks = eval_tasks(cfg, args.ids)
+    out_dir = cfg.run_dir / "eval"
+    results = []
+    if args.scripted:
+        results.append(evaluate(ScriptedAgent(args.scripted), tasks, cfg, out_dir, args.tag or args.scripted))
+    else:
+        from seal_mini.policy import load_policy
+
+        if args.adapter:
+            if not Path(args.adapter).is_dir():
+                raise ConfigError(f"--adapter {args.adapter}: no such folder")
+            cfg.lora.adapter_path = args.adapter
+        policy = load_policy(cfg)
+        if cfg.eval.base_model or not args.adapter:
+            results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, args.tag or "base"))
+        if args.adapter:
+            tag = f"{args.tag}_adapter" if args.tag else "adapter"
+            results.append(evaluate(ModelAgent(policy, cfg, adapter=True), tasks, cfg, out_dir, tag))
+    for result in results:
+        print_table(result)
+    print(json.dumps({r["tag"]: r["success"] for r in results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,52 @@
+"""`bash run.sh RECIPE`: train -> evaluate (backbone and trained adapter, bare benchmark) -> report.
+
+Re-running the same command after a stop continues where it stopped: training resumes from the last
+checkpoint, evaluation from its last finished piece; finished work is never redone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import yaml
+
+from seal_mini.config import ConfigError, load_config
+from seal_mini.runio import latest_checkpoint
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini pipeline", description="train, evaluate, report")
+    parser.add_argument("recipe", help="recipes/X.yaml")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.recipe, args.overrides)
+
+    from seal_mini.evaluate import ModelAgent, eval_tasks, evaluate, print_table
+    from seal_mini.report import build_report
+    from seal_mini.train import train
+
+    run_dir = cfg.run_dir
+    resume = latest_checkpoint(run_dir) is not None
+    if resume:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        if saved != cfg.to_dict():
+            changed = sorted(k for k in cfg.to_dict() if saved.get(k) != cfg.to_dict()[k])
+            raise ConfigError(
+                f"{run_dir} holds a run made with a different config (sections {changed}); "
+                f"rerun with its recipe, or give this one a new name (name=...)"
+            )
+        print(f"[pipeline] {run_dir} has a checkpoint: continuing that run")
+    run_dir, policy = train(cfg, resume=resume)
+
+    tasks = eval_tasks(cfg)
+    results = []
+    if cfg.eval.base_model:
+        results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, run_dir / "eval", "base"))
+    results.append(evaluate(ModelAgent(policy, cfg, adapter=True), tasks, cfg, run_dir / "eval", "adapter"))
+    for result in results:
+        print_table(result)
+    report = build_report([run_dir], run_dir / "report")
+    print(f"[pipeline] report: {report}")
+    print(json.dumps({"run_dir": str(run_dir), "report": str(report), **{r["tag"]: r["success"] for r in results}}))
+    return 0

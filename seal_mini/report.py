@@ -1,0 +1,298 @@
+"""A markdown report with PNG plots, drawn from run directories' files alone.
+
+    python -m seal_mini report RUN_DIR [RUN_DIR ...] [--out DIR]
+
+Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
+Table-3-style ablation table when several runs are given, held-in success over training steps,
+reward / KL / clip-fraction curves, the failure-label profile over steps, which interface cues were
+active when, and the distribution of diagnostic weights. Every number comes from eval/*.json,
+metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from seal_mini.config import CATEGORIES, LABELS, ConfigError
+from seal_mini.runio import atomic_write_text, read_json, read_jsonl_gz, read_metrics
+
+COLUMNS = [*CATEGORIES, "mean"]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def delta(after: float | None, before: float | None) -> str:
+    if after is None or before is None:
+        return "-"
+    return f"{100 * (after - before):+.2f}"
+
+
+def load_run(run_dir: Path) -> dict:
+    """Everything the report reads from one run directory."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
+        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+    evals = {}
+    for path in sorted((run_dir / "eval").glob("*.json")):
+        evals[path.stem] = read_json(path)
+    rounds = [read_json(p) for p in sorted((run_dir / "rounds").glob("step_*.json"))]
+    weights = []
+    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
+        weights += [r["weight"] for r in read_jsonl_gz(path)]
+    return {
+        "name": run_dir.name,
+        "dir": run_dir,
+        "metrics": read_metrics(run_dir),
+        "evals": evals,
+        "rounds": rounds,
+        "weights": weights,
+    }
+
+
+def active_cues(interface: dict | None) -> list[str]:
+    """Names of the cues an interface state turns on: its true flags and its guideline ids."""
+    if not interface:
+        return []
+    names = [k for k, v in interface.items() if v is True]
+    for k, v in interface.items():
+        if isinstance(v, list):
+            names += [f"{k}:{item}" for item in v]
+    return sorted(names)
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+def table_main(run: dict) -> str:
+    base, trained = run["evals"].get("base"), run["evals"].get("adapter")
+    if not base and not trained:
+        return "_No final evaluation in this run (eval/base.json, eval/adapter.json)._\n"
+    head = "| policy | " + " | ".join(COLUMNS) + " |\n|---|" + "---|" * len(COLUMNS) + "\n"
+    lines = []
+    if base:
+        lines.append(f"| backbone ({base['policy']}) | " + " | ".join(pct(base["success"].get(c)) for c in COLUMNS))
+    if trained:
+        lines.append(f"| + SEAL ({run['name']}) | " + " | ".join(pct(trained["success"].get(c)) for c in COLUMNS))
+    if base and trained:
+        lines.append(
+            "| delta | " + " | ".join(delta(trained["success"].get(c), base["success"].get(c)) for c in COLUMNS)
+        )
+    n = (trained or base)["n_tasks"]
+    return head + " |\n".join(lines) + " |\n\n" + f"Success rate (%), {n} held-in tasks, bare benchmark, greedy.\n"
+
+
+def table_ablation(runs: list[dict]) -> str:
+    head = "| run | " + " | ".join(COLUMNS) + " | delta mean vs backbone |\n|---|" + "---|" * (len(COLUMNS) + 1) + "\n"
+    lines = []
+    for run in runs:
+        trained, base = run["evals"].get("adapter"), run["evals"].get("base")
+        if not trained:
+            lines.append(f"| {run['name']} | " + " | ".join("-" for _ in COLUMNS) + " | - |")
+            continue
+        cells = " | ".join(pct(trained["success"].get(c)) for c in COLUMNS)
+        d = delta(trained["success"].get("mean"), base["success"].get("mean") if base else None)
+        lines.append(f"| {run['name']} | {cells} | {d} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def table_training(run: dict) -> str:
+    rows = run["metrics"]
+    if not rows:
+        return "_No training metrics (metrics.jsonl)._\n"
+    keys = ["charts/reward", "losses/kl_ref", "losses/clipfrac", "weights/mean", "charts/zero_adv_frac"]
+    keys = [k for k in keys if any(k in r for r in rows)]
+    head = "| step | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys) + "\n"
+    body = "\n".join(
+        f"| {r['step']} | " + " | ".join(f"{r[k]:.4f}" if k in r else "-" for k in keys) + " |" for r in rows
+    )
+    return head + body + "\n"
+
+
+# --- plots ------------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drew = False
+    for run in runs:
+        points = sorted((int(tag.split("_")[1]), e) for tag, e in run["evals"].items() if tag.startswith("step_"))
+        final_step = run["metrics"][-1]["step"] + 1 if run["metrics"] else None
+        if "adapter" in run["evals"] and final_step is not None:
+            points.append((final_step, run["evals"]["adapter"]))
+        if "base" in run["evals"]:
+            points.insert(0, (0, run["evals"]["base"]))
+        if len(points) < 1:
+            continue
+        steps = [s for s, _ in points]
+        for c in COLUMNS if len(runs) == 1 else ["mean"]:
+            ys = [100 * e["success"].get(c, 0.0) for _, e in points]
+            style = "-o" if c == "mean" else "--."
+            ax.plot(steps, ys, style, label=c if len(runs) == 1 else f"{run['name']} mean")
+            drew = True
+    if not drew:
+        plt.close(fig)
+        return False
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-in success (%)")
+    ax.set_title("Held-in success over training (bare benchmark)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_curves(runs: list[dict], path: Path) -> bool:
+    keys = [("charts/reward", "reward"), ("losses/kl_ref", "KL to reference"), ("losses/clipfrac", "clip fraction")]
+    if not any(r["metrics"] for r in runs):
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    for ax, (key, title) in zip(axes, keys, strict=True):
+        for run in runs:
+            pts = [(r["step"], r[key]) for r in run["metrics"] if key in r]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label=run["name"])
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_labels(run: dict, path: Path) -> bool:
+    rounds = [r for r in run["rounds"] if r.get("profile")]
+    if not rounds:
+        return False
+    plt = _plt()
+    steps = [r["step"] for r in rounds]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(rounds)
+    for z in LABELS:
+        ys = [r["profile"].get(z, {}).get("prevalence", 0.0) for r in rounds]
+        if any(ys):
+            ax.bar(steps, ys, bottom=bottom, label=z)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    ax.set_xlabel("training step")
+    ax.set_ylabel("share of turns")
+    ax.set_title("Failure-label profile per round")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_cues(run: dict, path: Path) -> bool:
+    rounds = run["rounds"]
+    cues = sorted({c for r in rounds for c in active_cues(r.get("interface_used"))})
+    if not rounds or not cues:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(cues)))
+    for i, cue in enumerate(cues):
+        on = [r["step"] for r in rounds if cue in active_cues(r.get("interface_used"))]
+        ax.scatter(on, [i] * len(on), marker="s", s=60)
+    ax.set_yticks(range(len(cues)))
+    ax.set_yticklabels(cues, fontsize=8)
+    ax.set_xlabel("training step")
+    ax.set_title("Interface cues active per round")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_weights(run: dict, path: Path) -> bool:
+    if not run["weights"]:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(run["weights"], bins=30)
+    ax.set_xlabel("diagnostic weight w_j")
+    ax.set_ylabel("trajectories")
+    ax.set_title("Distribution of diagnostic weights (all rounds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
+def cue_table(run: dict) -> str:
+    if not run["rounds"]:
+        return "_No rounds recorded._\n"
+    lines = [f"| {r['step']} | {', '.join(active_cues(r.get('interface_used'))) or 'none'} |" for r in run["rounds"]]
+    return "| step | active cues |\n|---|---|\n" + "\n".join(lines) + "\n"
+
+
+def weights_summary(run: dict) -> str:
+    w = run["weights"]
+    if not w:
+        return "_No trajectories recorded._\n"
+    mean = sum(w) / len(w)
+    return f"{len(w)} trajectories: mean {mean:.3f}, min {min(w):.3f}, max {max(w):.3f}.\n"
+
+
+def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
+    """Write report.md and its plots into out_dir; returns the markdown path."""
+    runs = [load_run(Path(d)) for d in run_dirs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    main = runs[0]
+    figure = {
+        "eval_over_steps.png": plot_eval_over_steps(runs, out_dir / "eval_over_steps.png"),
+        "curves.png": plot_curves(runs, out_dir / "curves.png"),
+        "labels.png": plot_labels(main, out_dir / "labels.png"),
+        "cues.png": plot_cues(main, out_dir / "cues.png"),
+        "weights.png": plot_weights(main, out_dir / "weights.png"),
+    }
+
+    def img(name: str, alt: str) -> str:
+        return f"![{alt}]({name})\n" if figure[name] else "_No data for this plot._\n"
+
+    parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n"]
+    parts += ["## Result (Table 1 style)\n", table_main(main)]
+    if len(runs) > 1:
+        parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
+    parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
+    parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
+    parts += ["## Failure-label profile\n", img("labels.png", "label profile")]
+    parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
+    parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
+    path = out_dir / "report.md"
+    atomic_write_text(path, "\n".join(parts))
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini report", description="report from run directories")
+    parser.add_argument("runs", nargs="+", help="run directories; the first is the main run")
+    parser.add_argument("--out", help="output folder (default: FIRST_RUN/report)")
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else Path(args.runs[0]) / "report"
+    path = build_report([Path(r) for r in args.runs], out)
+    print(json.dumps({"report": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

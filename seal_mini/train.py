@@ -1,0 +1,422 @@
+"""SEAL training: diagnosis-weighted GRPO on LoRA with a closed-loop training-time interface.
+
+How this differs from textbook GRPO (one prompt, one completion, one reward):
+1. An episode is multi-turn: the model's messages alternate with tool results and new user turns
+   in one growing token sequence; only the tokens the model sampled carry loss (`loss_mask`).
+2. Rewards come from BFCL's own checker, unchanged (0/1). The diagnoser labels every turn, and the
+   labels are used twice:
+   a. each trajectory's advantage A_j is multiplied by w_j = clip(sum_z p_j(z) rho(z), w_min, w_max),
+      which is positive, so the verifier alone decides the direction of every update;
+   b. the failure profile C_t of the round decides which interface cues (schema, error feedback,
+      guidelines) the next round trains with: Omega_{t+1} = Evolve(Omega_t, C_t).
+3. The interface exists only at training time. Evaluation runs the bare benchmark.
+4. LoRA on a (4-bit) frozen base; the KL reference is the same model with the adapter disabled.
+5. One pass over each round's data per mini-batch, so the sampling-time log-probs serve as the "old"
+   log-probs of the clipped ratio (no extra forward pass).
+
+The loop reads top to bottom in `train`: rollout -> reward -> diagnose -> advantage -> update ->
+evolve -> log -> evaluate -> checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from seal_mini.bfcl import Task, make_split, read_split_file, tasks_by_id
+from seal_mini.config import Config, ConfigError, config_from_dict, load_config
+from seal_mini.diagnose import diagnose, failure_profile, trajectory_profile
+from seal_mini.env import TURN_LIMIT, Episode
+from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
+from seal_mini.interface import Interface, InterfaceState, evolve, initial_state
+from seal_mini.logprobs import token_logprobs
+from seal_mini.policy import load_policy, save_adapter
+from seal_mini.report import active_cues
+from seal_mini.rollout import Trajectory, run_rollouts
+from seal_mini.runio import (
+    latest_checkpoint,
+    read_json,
+    read_metrics,
+    swap_in_dir,
+    write_json,
+    write_jsonl_gz,
+    write_metrics,
+    write_yaml,
+)
+from seal_mini.verifier import check
+
+
+@dataclass
+class LoopState:
+    """What the loop carries from one round to the next (saved in every checkpoint)."""
+
+    step: int = 0
+    """The next step to run."""
+    interface: InterfaceState | None = None
+    """Omega_t: the cues the next round trains with."""
+    rho: dict[str, float] = field(default_factory=dict)
+    """The utility table (moves only with diagnosis.rho_update: ema)."""
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+
+def load_split(cfg: Config) -> dict[str, list[str]]:
+    """The run's train / eval ids: an explicit id file, or the seeded split by base-task index."""
+    if cfg.data.split_file:
+        split = read_split_file(cfg.data.split_file)
+    else:
+        split = make_split(cfg.data.train_per_category, cfg.data.split_seed, cfg.data.categories)
+    keep = tuple(f"multi_turn_{c}_" for c in cfg.data.categories)
+    return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
+
+
+def pick(ids: list[str], limit: int) -> list[Task]:
+    """Tasks for ids; with a limit, spread it over the categories (first N indices of each)."""
+    by_id = tasks_by_id()
+    tasks = [by_id[i] for i in ids]
+    if not limit:
+        return tasks
+    per_category: dict[str, list[Task]] = {}
+    for t in tasks:
+        per_category.setdefault(t.category, []).append(t)
+    out, k = [], 0
+    while len(out) < limit and any(k < len(v) for v in per_category.values()):
+        out += [v[k] for v in per_category.values() if k < len(v)]
+        k += 1
+    return out[:limit]
+
+
+def tasks_for_step(tasks: list[Task], step: int, per_step: int, seed: int) -> list[Task]:
+    """B tasks for a step: epochs over the training set, each in its own seeded order. A function of
+    (seed, step) alone, so a resumed run draws exactly the tasks the uninterrupted run would."""
+    out = []
+    for k in range(step * per_step, (step + 1) * per_step):
+        epoch, position = divmod(k, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(seed * 100_003 + epoch).shuffle(order)
+        out.append(tasks[order[position]])
+    return out
+
+
+def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
+    """The bare benchmark episode, wrapped in the training-time interface when one is given."""
+    episode = Episode(task, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode)
+    return Interface(episode, interface) if interface is not None else episode
+
+
+def score(envs: list) -> list:
+    """The official checker's verdict on every finished episode."""
+    return [check(env.task, env.checker_input(), forced_quit=env.ended_by == TURN_LIMIT) for env in envs]
+
+
+# --- the update -----------------------------------------------------------------------------------
+
+
+def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
+    """Right-pad a micro-batch: input_ids, attention_mask, loss_mask (B, T) and old log-probs (B, T)."""
+    length = max(len(t.input_ids) for t in trajectories)
+    ids = torch.zeros(len(trajectories), length, dtype=torch.long)
+    attention = torch.zeros(len(trajectories), length, dtype=torch.long)
+    mask = torch.zeros(len(trajectories), length, dtype=torch.float32)
+    old = torch.zeros(len(trajectories), length, dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        n = len(t.input_ids)
+        ids[i, :n] = torch.tensor(t.input_ids)
+        attention[i, :n] = 1
+        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        old[i, :n] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+    return ids.to(device), attention.to(device), mask.to(device), old.to(device)
+
+
+def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advantages: torch.Tensor, cfg: Config):
+    """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences."""
+    model, tc = policy.model, cfg.train
+    params = [p for p in model.parameters() if p.requires_grad]
+    per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
+    sums: dict[str, float] = {}
+    n_micro = 0
+    model.train()
+    for start in range(0, len(trajectories), per_mini):
+        mini = list(range(start, min(start + per_mini, len(trajectories))))
+        # token-mean over the whole mini-batch: every micro-batch divides by the same token count
+        n_tokens = sum(sum(trajectories[i].loss_mask) for i in mini)
+        for m in range(0, len(mini), tc.micro_batch):
+            micro = mini[m : m + tc.micro_batch]
+            ids, attention, mask, old = collate([trajectories[i] for i in micro], policy.device)
+            ref = None
+            if tc.kl_coef > 0:
+                with torch.no_grad(), policy.reference():
+                    ref = token_logprobs(model, ids, attention, mask, tc.logprob_chunk)  # (b, T)
+            logp = token_logprobs(model, ids, attention, mask, tc.logprob_chunk)  # (b, T)
+            loss, metrics = policy_loss(
+                logp, old, ref, advantages[micro].to(policy.device), mask, tc.clip_ratio, tc.kl_coef, n_tokens
+            )
+            loss.backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n_micro += 1
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm) * (len(mini) / per_mini)
+    model.eval()
+    out = {k: v / max(n_micro, 1) for k, v in sums.items() if k != "losses/grad_norm"}
+    out["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) / max(math.ceil(len(trajectories) / per_mini), 1)
+    out["losses/lr"] = scheduler.get_last_lr()[0]
+    return out
+
+
+# --- checkpoints ------------------------------------------------------------------------------------
+
+
+def rng_states() -> dict:
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopState) -> None:
+    """Adapter, optimizer, scheduler, RNG states and loop state, swapped in as one directory."""
+    tmp = run_dir / "checkpoint.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    save_adapter(policy, tmp / "adapter")
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    torch.save(rng_states(), tmp / "rng.pt")
+    write_json(
+        tmp / "state.json",
+        {"step": state.step, "interface": state.interface.to_dict() if state.interface else None, "rho": state.rho},
+    )
+    swap_in_dir(tmp, run_dir / "checkpoint")
+
+
+def load_checkpoint(path: Path, policy, optimizer, scheduler) -> LoopState:
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    set_peft_model_state_dict(policy.model, weights)
+    optim = torch.load(path / "optim.pt", weights_only=False)
+    optimizer.load_state_dict(optim["optimizer"])
+    scheduler.load_state_dict(optim["scheduler"])
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    torch.set_rng_state(rng["torch"])
+    saved = read_json(path / "state.json")
+    interface = InterfaceState.from_dict(saved["interface"]) if saved["interface"] else None
+    return LoopState(step=saved["step"], interface=interface, rho=saved["rho"])
+
+
+# --- logging helpers --------------------------------------------------------------------------------
+
+
+def trajectory_rows(trajs, verdicts, labels, weights, advantages) -> list[dict]:
+    return [
+        {
+            "task_id": t.task_id,
+            "reward": v.reward,
+            "error_type": v.error_type,
+            "labels": z,
+            "weight": float(w),
+            "advantage": float(a),
+            "truncated": t.truncated,
+            "n_sampled": t.n_sampled,
+            "n_tokens": len(t.input_ids),
+            "messages": t.messages,
+        }
+        for t, v, z, w, a in zip(trajs, verdicts, labels, weights, advantages, strict=True)
+    ]
+
+
+def print_samples(rows: list[dict], n: int, step: int) -> None:
+    """Show what the model does: the first success and the first failure of the round."""
+    picks = [r for r in rows if r["reward"] > 0][:1] + [r for r in rows if r["reward"] == 0][:1]
+    for row in picks[:n]:
+        print(f"\n--- step {step} sample: {row['task_id']} reward={row['reward']} labels={row['labels']}")
+        for m in row["messages"]:
+            text = str(m.get("content", ""))
+            print(f"[{m['role']}] {text[:400]}{' ...' if len(text) > 400 else ''}")
+
+
+def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: Path, tag: str) -> dict:
+    """Held-in success without the interface (the bare benchmark), written to eval/<tag>.json."""
+    from seal_mini.evaluate import ModelAgent, evaluate
+
+    tasks = pick(eval_ids, cfg.data.max_eval_tasks)
+    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag)
+    return {f"eval/{k}": v for k, v in result["success"].items()}
+
+
+# --- the loop ---------------------------------------------------------------------------------------
+
+
+def train(cfg: Config, resume: bool = False):
+    """Run (or continue) SEAL training; returns (run directory, trained policy)."""
+    run_dir = cfg.run_dir
+    checkpoint = latest_checkpoint(run_dir) if resume else None
+    if not resume and latest_checkpoint(run_dir) is not None:
+        raise ConfigError(
+            f"{run_dir} already holds a training run; continue it with `train --resume {run_dir}` "
+            "or pick another name (name=...)"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_yaml(run_dir / "config.yaml", cfg.to_dict())
+    split = load_split(cfg)
+    write_json(run_dir / "split.json", split)
+    train_tasks = pick(split["train"], cfg.data.max_train_tasks)
+    G = cfg.rollout.group_size
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(cfg)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    warmup = max(cfg.train.warmup_steps, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
+
+    state = LoopState(step=0, interface=initial_state(cfg.interface) if cfg.interface.enabled else None)
+    state.rho = dict(cfg.diagnosis.rho)
+    metrics_rows = []
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+        # steps after the checkpoint are run again, so their old metric lines go
+        metrics_rows = [r for r in read_metrics(run_dir) if r["step"] < state.step]
+        print(f"[train] resuming {run_dir} at step {state.step}")
+
+    from tqdm import tqdm
+
+    for step in tqdm(range(state.step, cfg.train.steps), desc="train", initial=state.step, total=cfg.train.steps):
+        t0 = time.perf_counter()
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+
+        # 1. rollouts: G on-policy episodes per task, through the interface Omega_t
+        tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
+        envs = [make_env(task, cfg, state.interface) for task in tasks for _ in range(G)]
+        trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, generator)
+        t_rollout = time.perf_counter() - t0
+
+        # 2. rewards: the unchanged benchmark verifier
+        verdicts = score(envs)
+        rewards = [v.reward for v in verdicts]
+
+        # 3. diagnosis: one label per turn, and the round's failure profile C_t
+        if cfg.train.diagnose:
+            labels = [diagnose(env, v) for env, v in zip(envs, verdicts, strict=True)]
+            profile = failure_profile(labels, rewards)
+        else:
+            labels, profile = [[] for _ in envs], {}
+
+        # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
+        group_ids = [i // G for i in range(len(envs))]
+        adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps)
+        if cfg.train.reweight and cfg.train.diagnose:
+            shares = [trajectory_profile(z) for z in labels]
+            weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
+        else:
+            weights, w_metrics = torch.ones(len(envs)), {"weights/mean": 1.0}
+        adv = weighted_advantages(adv, weights)
+
+        # 5. policy update
+        t1 = time.perf_counter()
+        loss_metrics = update(policy, optimizer, scheduler, trajs, adv, cfg)
+        t_update = time.perf_counter() - t1
+
+        # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t); rho moves only in the ema variant
+        active = state.interface.to_dict() if state.interface else {}
+        if state.interface is not None:
+            state.interface = evolve(state.interface, profile, cfg.interface)
+        rho_metrics = {}
+        if cfg.diagnosis.rho_update == "ema" and profile:
+            state.rho, rho_metrics = ema_rho(
+                cfg.diagnosis.rho,
+                state.rho,
+                profile,
+                cfg.diagnosis.rho_ema_decay,
+                cfg.diagnosis.rho_ema_count_scale,
+                cfg.diagnosis.rho_min,
+                cfg.diagnosis.rho_max,
+            )
+
+        # 7. log
+        row = {
+            "step": step,
+            "charts/reward": sum(rewards) / len(rewards),
+            "charts/truncated_frac": sum(t.truncated for t in trajs) / len(trajs),
+            "charts/sampled_tokens_mean": sum(t.n_sampled for t in trajs) / len(trajs),
+            "charts/episode_tokens_mean": sum(len(t.input_ids) for t in trajs) / len(trajs),
+            "policy/entropy_estimate": _entropy_estimate(trajs),
+            **adv_metrics,
+            **w_metrics,
+            **loss_metrics,
+            **rho_metrics,
+            **{f"labels/{z}": p["count"] for z, p in profile.items()},
+            "interface/cues": active_cues(active),
+            "time/rollout_s": round(t_rollout, 2),
+            "time/update_s": round(t_update, 2),
+        }
+        rows = trajectory_rows(trajs, verdicts, labels, weights.tolist(), adv.tolist())
+        write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
+        write_json(
+            run_dir / "rounds" / f"step_{step:04d}.json",
+            {"step": step, "interface_used": active, "profile": profile, "rho": state.rho},
+        )
+        print_samples(rows, cfg.train.print_samples, step)
+
+        # 8. held-in evaluation (bare benchmark, no interface) and checkpoint
+        state.step = step + 1
+        if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < cfg.train.steps:
+            row.update(evaluate_during_training(policy, cfg, split["eval"], run_dir, f"step_{state.step:04d}"))
+        metrics_rows.append(row)
+        write_metrics(run_dir, metrics_rows)
+        if state.step % cfg.train.save_every == 0 or state.step == cfg.train.steps:
+            save_checkpoint(run_dir, policy, optimizer, scheduler, state)
+        tqdm.write(
+            f"[train] step {step}: reward {row['charts/reward']:.3f} "
+            f"loss {row.get('losses/loss', float('nan')):.4f} kl {row.get('losses/kl_ref', 0.0):.4f} "
+            f"weights {row['weights/mean']:.2f} ({t_rollout:.0f}s rollout, {t_update:.0f}s update)"
+        )
+    save_adapter(policy, run_dir / "adapter")
+    return run_dir, policy
+
+
+def _entropy_estimate(trajs: list[Trajectory]) -> float:
+    """-mean log p of the sampled tokens: a Monte Carlo estimate of the sampling policy's entropy."""
+    total = sum(-lp for t in trajs for lp, m in zip(t.old_logprobs, t.loss_mask, strict=True) if m)
+    count = sum(sum(t.loss_mask) for t in trajs)
+    return total / max(count, 1)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini train", description="SEAL training")
+    parser.add_argument("recipe", nargs="?", help="recipes/X.yaml (omit with --resume)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    args = parser.parse_args(argv)
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
+        import yaml
+
+        cfg = config_from_dict(yaml.safe_load(saved.read_text()))
+        cfg.out_dir, cfg.name = str(Path(args.resume).parent), Path(args.resume).name  # the folder may have moved
+        if args.recipe or args.overrides:
+            print("[train] --resume uses the run's saved config; recipe and overrides are ignored", file=sys.stderr)
+        train(cfg, resume=True)
+    else:
+        if not args.recipe:
+            raise ConfigError("train needs a recipe (e.g. recipes/cpu_smoke.yaml) or --resume RUN_DIR")
+        cfg = load_config(args.recipe, args.overrides)
+        run_dir, _ = train(cfg)
+        print(json.dumps({"run_dir": str(run_dir)}))
+    return 0

@@ -1,0 +1,151 @@
+"""The training loop: the policy gradient learns, resume is exact, the loop's helpers behave."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seal_mini import train as train_module
+from seal_mini.bfcl import tasks_by_id
+from seal_mini.config import ConfigError, load_config
+from seal_mini.grpo import group_advantages
+from seal_mini.policy import load_policy
+from seal_mini.rollout import run_rollouts
+from seal_mini.runio import read_metrics
+from seal_mini.verifier import Verdict
+
+TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
+
+
+def test_tasks_for_step_walks_seeded_epochs():
+    tasks = list(tasks_by_id(["base"]).values())[:10]
+    steps = [train_module.tasks_for_step(tasks, s, 5, seed=3) for s in range(4)]
+    assert sorted(t.id for t in steps[0] + steps[1]) == sorted(t.id for t in tasks)  # epoch 0 covers all once
+    assert sorted(t.id for t in steps[2] + steps[3]) == sorted(t.id for t in tasks)
+    assert [t.id for t in steps[0] + steps[1]] != [t.id for t in steps[2] + steps[3]]  # a new order per epoch
+    assert train_module.tasks_for_step(tasks, 3, 5, seed=3) == steps[3]  # a function of (seed, step) alone
+
+
+def test_pick_spreads_a_limit_over_categories():
+    split = train_module.load_split(load_config())
+    picked = train_module.pick(split["train"], 8)
+    assert [t.category for t in picked] == ["base", "miss_func", "miss_param", "long_context"] * 2
+
+
+class OneShot:
+    """A one-message task: the reward depends only on the first token the model samples."""
+
+    def __init__(self, i):
+        self.task = SimpleNamespace(id=f"toy_{i}")
+        self.done = False
+
+    def reset(self):
+        return [{"role": "user", "content": "Name a token."}], []
+
+    def step(self, text):
+        self.done = True
+        return SimpleNamespace(observation=[], turn_done=True, done=True, events=[])
+
+    def truncate(self):
+        self.done = True
+
+
+def test_policy_gradient_learns_a_rewarded_output():
+    # Reward: the first sampled token is one of the ids divisible by 8 (chance 1/8). The LoRA also
+    # covers lm_head: a tiny random model's RMS-normed hidden state cannot otherwise move its logits
+    # far enough from uniform to make any token set likely.
+    G, prompts = 8, 8
+    cfg = load_config(
+        overrides=TINY
+        + [
+            "rollout.max_new_tokens=1",
+            f"rollout.group_size={G}",
+            f"train.tasks_per_step={prompts}",
+            f"train.mini_batch_tasks={prompts}",
+            "train.micro_batch=64",
+            "train.lr=0.02",
+            "train.kl_coef=0.0",
+            "lora.target_modules=[q_proj,v_proj,lm_head]",
+        ]
+    )
+    torch.manual_seed(0)
+    policy = load_policy(cfg)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    history = []
+    for step in range(30):
+        envs = [OneShot(i) for i in range(prompts) for _ in range(G)]
+        trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, torch.Generator().manual_seed(step))
+        rewards = [float(t.input_ids[t.prompt_len] % 8 == 0) for t in trajs]
+        history.append(sum(rewards) / len(rewards))
+        if history[-1] >= 0.9:
+            break
+        adv, _ = group_advantages(rewards, [i // G for i in range(len(trajs))])
+        train_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
+    print("success per step:", [round(h, 3) for h in history])
+    assert history[0] < 0.3  # near chance (1/8) before training
+    assert history[-1] >= 0.9
+
+
+def fake_score(envs):
+    """A deterministic stand-in reward from what the model wrote, so updates are non-trivial."""
+    out = []
+    for env in envs:
+        text = env.turn_records()[0].final_text or "".join(e.call or "" for e in env.turn_records()[0].events)
+        out.append(Verdict(float(len(text) % 2 == 0), "" if len(text) % 2 == 0 else "fake:odd"))
+    return out
+
+
+RESUME = TINY + [
+    "data.max_train_tasks=4",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=6",
+    "train.tasks_per_step=2",
+    "train.mini_batch_tasks=1",
+    "train.micro_batch=2",
+    "train.steps=4",
+    "train.lr=0.01",
+    "train.kl_coef=0.01",
+    "train.eval_every=0",
+    "train.print_samples=0",
+    "interface.min_count=1",
+    "interface.min_prevalence=0.0",
+]
+
+
+def test_resume_is_exact(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "score", fake_score)
+    straight = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=straight"])
+    train_module.train(straight)
+
+    # the same run, interrupted right after the checkpoint of step 2, then resumed
+    broken = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=resumed"])
+    real_save = train_module.save_checkpoint
+
+    def save_then_stop(run_dir, policy, optimizer, scheduler, state):
+        real_save(run_dir, policy, optimizer, scheduler, state)
+        if state.step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(broken)
+    assert len(read_metrics(broken.run_dir)) == 2
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    with pytest.raises(ConfigError, match="--resume"):
+        train_module.train(broken)  # a fresh start over an existing run is refused
+    train_module.train(broken, resume=True)
+
+    a = load_file(str(straight.run_dir / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(broken.run_dir / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    untimed = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    rows_a, rows_b = untimed(read_metrics(straight.run_dir)), untimed(read_metrics(broken.run_dir))
+    assert len(rows_a) == 4 and rows_a == rows_b
+    assert any(r["charts/reward"] not in (0.0, 1.0) for r in rows_a)  # updates had something to learn from
+    assert any(abs(r["losses/grad_norm"]) > 0 for r in rows_a)
+    base = load_file(str(straight.run_dir / "checkpoint" / "adapter" / "adapter_model.safetensors"))
+    assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
