@@ -79,7 +79,9 @@ def success_table(rows: list[dict]) -> dict[str, float]:
     return table
 
 
-def evaluate(agent, tasks: list[Task], cfg: Config, out_dir: Path, tag: str, progress: bool = True) -> dict:
+def evaluate(
+    agent, tasks: list[Task], cfg: Config, out_dir: Path, tag: str, progress: bool = True, chunk_size: int = CHUNK
+) -> dict:
     """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories."""
     from seal_mini.diagnose import diagnose
     from seal_mini.verifier import check
@@ -95,8 +97,8 @@ def evaluate(agent, tasks: list[Task], cfg: Config, out_dir: Path, tag: str, pro
     from tqdm import tqdm
 
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress)
-    for start in range(0, len(todo), CHUNK):
-        chunk = todo[start : start + CHUNK]
+    for start in range(0, len(todo), chunk_size):
+        chunk = todo[start : start + chunk_size]
         envs = [Episode(t, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode) for t in chunk]
         records = agent.run(envs)
         rows = []

@@ -12,7 +12,7 @@ import json
 import yaml
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.runio import latest_checkpoint
+from seal_mini.runio import latest_checkpoint, read_json
 
 
 def main(argv: list[str]) -> int:
@@ -41,9 +41,14 @@ def main(argv: list[str]) -> int:
 
     tasks = eval_tasks(cfg)
     results = []
-    if cfg.eval.base_model:
-        results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, run_dir / "eval", "base"))
-    results.append(evaluate(ModelAgent(policy, cfg, adapter=True), tasks, cfg, run_dir / "eval", "adapter"))
+    for tag, adapter in [("base", False), ("adapter", True)]:
+        if tag == "base" and not cfg.eval.base_model:
+            continue
+        done = run_dir / "eval" / f"{tag}.json"
+        if done.exists() and read_json(done)["n_tasks"] == len(tasks):  # finished before a stop: keep it
+            results.append(read_json(done))
+            continue
+        results.append(evaluate(ModelAgent(policy, cfg, adapter=adapter), tasks, cfg, run_dir / "eval", tag))
     for result in results:
         print_table(result)
     report = build_report([run_dir], run_dir / "report")

@@ -104,7 +104,7 @@ def table_training(run: dict) -> str:
     rows = run["metrics"]
     if not rows:
         return "_No training metrics (metrics.jsonl)._\n"
-    keys = ["charts/reward", "losses/kl_ref", "losses/clipfrac", "weights/mean", "charts/zero_adv_frac"]
+    keys = ["charts/reward", "losses/kl_ref", "losses/clipfrac", "weights/mean", "adv/zero_frac"]
     keys = [k for k in keys if any(k in r for r in rows)]
     head = "| step | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys) + "\n"
     body = "\n".join(
@@ -123,6 +123,23 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _step_axis(ax, steps: list[int]) -> None:
+    """Whole-number training steps, the full range shown."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.set_xlabel("training step")
+
+
+def _eval_steps(run: dict) -> list[int]:
+    steps = [int(tag.split("_")[1]) for tag in run["evals"] if tag.startswith("step_")]
+    if run["metrics"]:
+        steps.append(run["metrics"][-1]["step"] + 1)
+    return [0, *steps]
 
 
 def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
@@ -147,7 +164,8 @@ def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
     if not drew:
         plt.close(fig)
         return False
-    ax.set_xlabel("training step")
+    _step_axis(ax, [s for run in runs for s in _eval_steps(run)])
+    ax.set_ylim(-3, 103)
     ax.set_ylabel("held-in success (%)")
     ax.set_title("Held-in success over training (bare benchmark)")
     ax.legend(fontsize=8)
@@ -169,7 +187,7 @@ def plot_curves(runs: list[dict], path: Path) -> bool:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label=run["name"])
         ax.set_title(title)
-        ax.set_xlabel("step")
+        _step_axis(ax, [r["step"] for run in runs for r in run["metrics"]])
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -190,7 +208,7 @@ def plot_labels(run: dict, path: Path) -> bool:
         if any(ys):
             ax.bar(steps, ys, bottom=bottom, label=z)
             bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
-    ax.set_xlabel("training step")
+    _step_axis(ax, steps)
     ax.set_ylabel("share of turns")
     ax.set_title("Failure-label profile per round")
     ax.legend(fontsize=7, ncol=2)
@@ -212,7 +230,7 @@ def plot_cues(run: dict, path: Path) -> bool:
         ax.scatter(on, [i] * len(on), marker="s", s=60)
     ax.set_yticks(range(len(cues)))
     ax.set_yticklabels(cues, fontsize=8)
-    ax.set_xlabel("training step")
+    _step_axis(ax, [r["step"] for r in rounds])
     ax.set_title("Interface cues active per round")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -236,6 +254,19 @@ def plot_weights(run: dict, path: Path) -> bool:
 
 
 # --- the report -------------------------------------------------------------------------------------
+
+
+def table_labels(run: dict) -> str:
+    rounds = [r for r in run["rounds"] if r.get("profile")]
+    if not rounds:
+        return "_No diagnosis recorded (train.diagnose off)._\n"
+    labels = [z for z in LABELS if any(z in r["profile"] for r in rounds)]
+    head = "| step | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
+    body = "\n".join(
+        f"| {r['step']} | " + " | ".join(str(r["profile"].get(z, {}).get("count", 0)) for z in labels) + " |"
+        for r in rounds
+    )
+    return head + body + "\n\nTurns per label in each round's training rollouts.\n"
 
 
 def cue_table(run: dict) -> str:
@@ -275,7 +306,7 @@ def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
         parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
     parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
     parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
-    parts += ["## Failure-label profile\n", img("labels.png", "label profile")]
+    parts += ["## Failure-label profile\n", img("labels.png", "label profile"), table_labels(main)]
     parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
     parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
     path = out_dir / "report.md"

@@ -1,0 +1,61 @@
+"""Evaluation: one code path for models and scripted policies, the bare benchmark, resumable."""
+
+import pytest
+
+from seal_mini.config import load_config
+from seal_mini.evaluate import ModelAgent, ScriptedAgent, evaluate, success_table
+from seal_mini.policy import load_policy
+from seal_mini.runio import read_json
+from seal_mini.train import load_split, pick
+
+CFG = load_config(
+    overrides=["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", "env.max_calls_per_turn=2"]
+)
+TASKS = pick(load_split(CFG)["eval"], 8)
+
+
+def test_scripted_ground_truth_scores_100_and_empty_0(tmp_path):
+    gt = evaluate(ScriptedAgent("ground_truth"), TASKS, CFG, tmp_path, "gt", progress=False)
+    empty = evaluate(ScriptedAgent("empty"), TASKS, CFG, tmp_path, "empty", progress=False)
+    assert gt["success"] == {"base": 1.0, "miss_func": 1.0, "miss_param": 1.0, "long_context": 1.0, "mean": 1.0}
+    assert empty["success"]["mean"] == 0.0 and empty["n_tasks"] == 8
+    saved = read_json(tmp_path / "gt.json")
+    assert saved["success"] == gt["success"] and saved["passed"]["base"] == 2
+    assert (tmp_path / "gt.trajectories.jsonl.gz").exists()
+
+
+def test_untrained_tiny_model_scores_0_through_the_same_path(tmp_path):
+    policy = load_policy(CFG)
+    result = evaluate(ModelAgent(policy, CFG, adapter=False), TASKS[:4], CFG, tmp_path, "base", progress=False)
+    assert result["success"]["mean"] == 0.0 and result["policy"] == "tiny-random"
+    assert sum(result["label_counts"].values()) == sum(len(t.turns) for t in TASKS[:4])
+
+
+class Flaky(ScriptedAgent):
+    """Replays ground truth but dies after `fail_after` pieces of work, like a stopped job."""
+
+    def __init__(self, fail_after):
+        super().__init__("ground_truth")
+        self.calls, self.fail_after = 0, fail_after
+
+    def run(self, envs):
+        if self.calls == self.fail_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return super().run(envs)
+
+
+def test_stopped_evaluation_resumes_without_redoing_work(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(Flaky(fail_after=2), TASKS, CFG, tmp_path, "gt", progress=False, chunk_size=3)
+    again = Flaky(fail_after=99)
+    result = evaluate(again, TASKS, CFG, tmp_path, "gt", progress=False, chunk_size=3)
+    assert again.calls == 1  # 6 of 8 tasks were done; only the last piece ran
+    assert result["n_tasks"] == 8 and result["success"]["mean"] == 1.0
+    assert not (tmp_path / "gt.partial").exists()
+
+
+def test_success_table_means_over_categories():
+    rows = [{"category": "base", "reward": 1.0}, {"category": "base", "reward": 0.0}]
+    rows += [{"category": "miss_func", "reward": 1.0}]
+    assert success_table(rows) == {"base": 0.5, "miss_func": 1.0, "mean": 0.75}
