@@ -56,3 +56,18 @@ def test_missing_and_broken_recipes(tmp_path):
     (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
     with pytest.raises(ConfigError, match="loops back"):
         load_config(tmp_path / "loop.yaml")
+
+
+def test_every_recipe_loads_and_validates():
+    from pathlib import Path
+
+    recipes = sorted(Path(__file__).resolve().parents[1].glob("recipes/**/*.yaml"))
+    names = {load_config(r).name for r in recipes}
+    assert len(recipes) >= 9 and len(names) == len(recipes)  # each recipe writes its own run directory
+    main = load_config(Path(__file__).resolve().parents[1] / "recipes" / "qwen2_5_3b.yaml")
+    assert main.model.name == "Qwen/Qwen2.5-3B-Instruct" and main.model.load_in_4bit
+    ablations = {r.stem: load_config(r) for r in recipes if r.parent.name == "ablations"}
+    assert ablations["vanilla_rl"].interface.enabled is False and ablations["vanilla_rl"].train.reweight is False
+    assert ablations["no_env_adaptation"].interface.enabled is False and ablations["no_env_adaptation"].train.reweight
+    assert ablations["no_reweighting"].train.reweight is False and ablations["no_reweighting"].interface.enabled
+    assert ablations["no_closed_loop"].interface.closed_loop is False
