@@ -593,6 +593,8 @@ def run_rollouts(
     Sampling follows temperature (0 = greedy) and cfg_rollout.top_p, drawing from `generator` (or the
     global torch generator), so the same seed and settings give the same rollouts."""
     _check_cache_layout(policy.model)
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("an episode object appears more than once in envs; make one per rollout")
     stats = stats if stats is not None else RolloutStats()
     stats.concurrency = concurrency(policy, cfg_rollout, len(envs))
     was_training = policy.model.training
