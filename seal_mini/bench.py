@@ -31,6 +31,9 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
     """Time the same greedy rollouts batched (`concurrent` at once) and one at a time."""
     import torch
 
+    if episodes < 1 or concurrent < 1:
+        raise ConfigError("bench rollout: --episodes and --concurrent must be at least 1")
+
     from seal_mini.bfcl import load_tasks
     from seal_mini.env import Episode
     from seal_mini.policy import load_policy

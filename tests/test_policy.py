@@ -134,6 +134,30 @@ def test_adapter_saves_and_loads(policy, tmp_path):
     assert any(p.requires_grad for p in loaded.model.parameters())
 
 
+def test_a_model_folder_loads_in_full_precision_and_in_4bit(tmp_path):
+    from seal_mini.logprobs import token_logprobs
+    from seal_mini.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    reference = tiny_model(tokenizer)
+    reference.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99]])
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+    for extra, tolerance in (([], 1e-6), (["model.cpu_4bit=true"], 0.5)):
+        policy = load_policy(load_config(None, [f"model.name={tmp_path}", "device=cpu", *extra]))
+        layer = policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
+        assert type(layer).__name__ == ("Linear4bit" if extra else "Linear")
+        with torch.no_grad():
+            assert (policy.model(input_ids=ids).logits - expected).abs().max() < tolerance
+        policy.model.train()
+        logp = token_logprobs(policy.model, ids, torch.ones_like(ids), torch.tensor([[0, 1, 1, 1, 1, 1]]))
+        logp.sum().backward()
+        grads = [p.grad for p in policy.trainable_parameters()]
+        assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
 def test_config_mistakes_are_config_errors(tmp_path):
     cpu = load_config(None, ["model.name=tiny-random", "device=cpu", "model.backend=unsloth"])
     with pytest.raises(ConfigError, match="unsloth needs a CUDA GPU"):
