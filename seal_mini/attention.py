@@ -42,7 +42,10 @@ def grouped_decode_sdpa(
 
 
 def register() -> str:
-    """Make NAME a valid `attn_implementation` (masks built as for sdpa); returns NAME."""
+    """Make NAME a valid `attn_implementation` (masks built as for sdpa); returns NAME.
+
+    The mask registration matters: transformers builds no attention mask at all for an implementation
+    it has no mask function for, and padded rows would then attend to padding."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 

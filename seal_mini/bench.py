@@ -1,10 +1,16 @@
-"""Benchmarks that print numbers: `python -m seal_mini bench rollout [options]`.
+"""Benchmarks that print numbers: `python -m seal_mini bench rollout [options] [key.sub=value ...]`.
 
 rollout: the batched engine against one episode at a time, on the same tiny random model and the same
-BFCL tasks, greedy, in one process. Both runs are the same `run_rollouts` call; the only difference is
-rollout.max_concurrent (N vs 1), so the ratio is what batching buys. Greedy decoding makes both runs
-produce the same tokens (the script reports how many sequences agree exactly). The last line is one
-JSON object.
+BFCL tasks (the first episodes/4 of each category, one episode each), greedy, in one process. Both
+runs are the same `run_rollouts` call; the only difference is rollout.max_concurrent (16 vs 1), so the
+ratio is what batching buys. More episodes than slots, as in a training round: a slot freed by a
+finished episode goes to the next one. Greedy decoding makes both runs produce the same tokens (the
+script reports how many sequences agree exactly), so both rates count the same work.
+
+Printed per run: sampled tokens per second, where the time went, and "model tokens / sequence tokens":
+tokens fed through the model (prefill and decode) per token of the final sequences. 1.0 means every
+token was computed exactly once; below 1, prompt prefixes were shared; re-prefilling each model call
+from scratch would put it well above 1. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ def _peak_rss_mb() -> float:
 def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides: list[str]) -> dict:
     """Time the same greedy rollouts batched (`concurrent` at once) and one at a time."""
     import torch
+
+    if episodes < 1 or concurrent < 1:
+        raise ConfigError("bench rollout: --episodes and --concurrent must be at least 1")
 
     from seal_mini.bfcl import load_tasks
     from seal_mini.env import Episode
@@ -79,6 +88,10 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
         "speedup": round(rate_many / rate_one, 2),
         "model_tokens_per_sequence_token": many["stats"].summary()["model_tokens_per_sequence_token"],
         "peak_rss_mb": round(_peak_rss_mb(), 1),
+        "torch_threads": torch.get_num_threads(),
+        **(
+            {"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if policy.device.type == "cuda" else {}
+        ),
     }
 
 

@@ -161,7 +161,8 @@ def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
 
 def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
     """Episodes that generate at once: rollout.max_concurrent, or as many worst-case (max_total_tokens)
-    KV caches as fit in rollout.kv_budget_gb (0: half the free GPU memory; 2 GB on CPU)."""
+    KV caches as fit in rollout.kv_budget_gb (0: half the free GPU memory, because re-batching briefly
+    holds a second copy of the caches; 2 GB on CPU)."""
     if cfg.max_concurrent:
         return max(1, min(cfg.max_concurrent, n_episodes))
     if cfg.kv_budget_gb:
@@ -558,10 +559,11 @@ class _Engine:
             for live, kv in zip([rows[r] for r in ended], batch.take(ended), strict=True):
                 live.kv = kv
                 if self.end_message(live):
-                    ready.append(live)
+                    ready.append(live)  # its new tokens are prefilled before it decodes again
                 elif bar is not None:
                     bar.update(1)
-            rows = [live for r, live in enumerate(rows) if r not in set(ended)]
+            gone = set(ended)
+            rows = [live for r, live in enumerate(rows) if r not in gone]
         if bar is not None:
             bar.close()
         return [live.traj for live in lives]
@@ -593,6 +595,8 @@ def run_rollouts(
     Sampling follows temperature (0 = greedy) and cfg_rollout.top_p, drawing from `generator` (or the
     global torch generator), so the same seed and settings give the same rollouts."""
     _check_cache_layout(policy.model)
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("an episode object appears more than once in envs; make one per rollout")
     stats = stats if stats is not None else RolloutStats()
     stats.concurrency = concurrency(policy, cfg_rollout, len(envs))
     was_training = policy.model.training

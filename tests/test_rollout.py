@@ -1,0 +1,259 @@
+"""The rollout engine on real BFCL tasks with the tiny random model (CPU, no network).
+
+Scripted episodes: a logits hook makes the model "sample" given messages (ground-truth calls, broken
+calls, a stop on another end token), while everything else (batching, caches, templates, the env, the
+masks) runs as in training. The hook records what it forced, independently of the engine's records.
+"""
+
+import dataclasses
+import os
+from collections import defaultdict
+from types import SimpleNamespace
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
+from seal_mini.chat import ChatRenderer
+from seal_mini.config import load_config
+from seal_mini.env import TRUNCATED, Episode
+from seal_mini.logprobs import token_logprobs
+from seal_mini.oracle import ground_truth_turns, scripted_messages
+from seal_mini.policy import load_policy
+from seal_mini.rollout import RolloutStats, rendered_text, run_rollouts
+from seal_mini.testing import tiny_tokenizer
+from seal_mini.verifier import check
+
+TASKS = tasks_by_id(["base", "miss_func"])
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(load_config(None, ["model.name=tiny-random", "device=cpu"]))
+
+
+def rollout_cfg(**kw):
+    cfg = load_config(None, ["rollout.max_new_tokens=512"]).rollout
+    return dataclasses.replace(cfg, **kw)
+
+
+class Script:
+    """Logits hook: each env's model calls produce the given token lists, in order (the last repeats)."""
+
+    def __init__(self, scripts: dict[int, list[list[int]]]):
+        self.scripts = scripts
+        self.message = {}
+        self.forced = defaultdict(list)  # env index -> list of forced token lists, one per model call
+
+    def __call__(self, rows, sampled_so_far, logits):
+        out = torch.full_like(logits, float("-inf"))
+        for row, (env, so_far) in enumerate(zip(rows, sampled_so_far, strict=True)):
+            if not so_far:  # a new model call begins
+                self.message[env] = self.message.get(env, -1) + 1
+                self.forced[env].append([])
+            messages = self.scripts[env]
+            token = messages[min(self.message[env], len(messages) - 1)][len(so_far)]
+            out[row, token] = 0.0
+            self.forced[env][-1].append(token)
+        return out
+
+
+def message(policy, text, end="<|im_end|>"):
+    return policy.renderer.encode(text) + [policy.tokenizer.convert_tokens_to_ids(end)]
+
+
+def oracle_script(policy, task):
+    return [message(policy, m) for turn in ground_truth_turns(task) for m in scripted_messages(turn)]
+
+
+def sampled_spans(traj):
+    spans, start = [], None
+    for i, m in enumerate(traj.loss_mask + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def check_exact(policy, traj, forced):
+    """Loss-mask-1 positions are exactly the forced tokens; the rest is the template's rendering."""
+    r, ids = policy.renderer, traj.input_ids
+    spans = sampled_spans(traj)
+    assert [ids[s:e] for s, e in spans] == forced
+    assert sum(traj.loss_mask) == traj.n_sampled == sum(len(f) for f in forced)
+    assert len(ids) == len(traj.loss_mask) == len(traj.old_logprobs)
+    for s, e in spans:
+        assert r.decode(ids[:s]).endswith("<|im_start|>assistant\n")  # each call starts a template turn
+        if ids[e - 1] != r.end_of_turn_id:  # cut, or stopped by another end token: closed, not sampled
+            assert ids[e] == r.end_of_turn_id and traj.loss_mask[e] == 0
+    assert all(lp < 0 for lp, m in zip(traj.old_logprobs, traj.loss_mask, strict=True) if m)
+    assert all(lp == 0.0 for lp, m in zip(traj.old_logprobs, traj.loss_mask, strict=True) if not m)
+    assert traj.exact and r.decode(ids) == rendered_text(policy, traj)
+
+
+def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
+    base, reveal, two_turns = TASKS["multi_turn_base_50"], TASKS["multi_turn_miss_func_50"], TASKS["multi_turn_base_11"]
+    broken = [
+        message(policy, "<tool_call>{not json</tool_call>"),
+        message(policy, '<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call>'),
+        message(policy, "I could not do that."),
+        message(policy, "Done.", end="<|endoftext|>"),  # stops on eos, not on the template's <|im_end|>
+    ]
+    script = Script({0: oracle_script(policy, base), 1: oracle_script(policy, reveal), 2: broken})
+    envs = [Episode(base), Episode(reveal), Episode(two_turns)]
+    trajs = run_rollouts(policy, envs, rollout_cfg(), 1.0, torch.Generator().manual_seed(0), logits_hook=script)
+
+    for i, traj in enumerate(trajs):
+        check_exact(policy, traj, script.forced[i])
+        assert not traj.truncated and traj.env.done and traj.prompt_len > 1000
+    assert [t.task_id for t in trajs] == [base.id, reveal.id, two_turns.id]
+
+    # The ground truth, sampled token by token through the engine, passes the official checker.
+    for traj, task in ((trajs[0], base), (trajs[1], reveal)):
+        assert check(task, traj.env.checker_input()).reward == 1.0
+    assert any(m["role"] == "user" and m["content"].startswith(NEW_TOOLS_USER_TEXT) for m in trajs[1].messages)
+    assert sum(m["role"] == "tool" for m in trajs[0].messages) >= 1
+
+    errors = [m["content"] for m in trajs[2].messages if m["role"] == "tool"]
+    assert len(errors) == 2 and all(e.startswith("Error") for e in errors)
+    assert trajs[2].messages[-1] == {"role": "assistant", "content": "Done.<|endoftext|>"}
+    assert trajs[2].env.turns[-1].final_text == "Done."  # the env never sees the end token
+
+
+def test_cut_messages_and_a_total_length_truncation(policy):
+    task, too_long = TASKS["multi_turn_base_11"], TASKS["multi_turn_base_45"]
+    prompt = len(policy.renderer.prompt_ids(*Episode(task).reset()))
+    cfg = rollout_cfg(max_new_tokens=16, max_total_tokens=prompt + 60, max_prompt_tokens=prompt + 59)
+    script = Script({0: oracle_script(policy, task)})
+    trajs = run_rollouts(policy, [Episode(task), Episode(too_long)], cfg, 0.0, logits_hook=script)
+
+    cut = trajs[0]
+    check_exact(policy, cut, script.forced[0])
+    assert cut.truncated and cut.env.ended_by == TRUNCATED and cut.n_cut >= 1
+    assert len(cut.input_ids) <= cfg.max_total_tokens
+    assert all(len(f) <= 16 for f in script.forced[0])
+    # the env got the cut text: a call whose closing tag never came
+    assert "never closed" in next(m["content"] for m in cut.messages if m["role"] == "tool")
+
+    skipped = trajs[1]  # its first prompt alone is over the limit: no tokens at all
+    assert skipped.truncated and skipped.env.done and skipped.input_ids == [] and not skipped.exact
+
+
+def test_response_budget_truncates_in_mid_message(policy):
+    task = TASKS["multi_turn_base_50"]
+    script = Script({0: oracle_script(policy, task)})
+    (traj,) = run_rollouts(policy, [Episode(task)], rollout_cfg(max_response_tokens=20), 0.0, logits_hook=script)
+    check_exact(policy, traj, script.forced[0])
+    assert traj.truncated and traj.n_sampled == 20 and traj.n_messages == 1
+    assert traj.env.turns[0].steps == []  # the cut call was never executed
+
+
+def test_prompt_mode_renders_tools_itself(policy):
+    prompt_policy = dataclasses.replace(policy, renderer=ChatRenderer(policy.tokenizer, "prompt"))
+    task = TASKS["multi_turn_base_50"]
+    script = Script({0: oracle_script(policy, task)})
+    (traj,) = run_rollouts(prompt_policy, [Episode(task)], rollout_cfg(), 0.0, logits_hook=script)
+    check_exact(prompt_policy, traj, script.forced[0])
+    text = prompt_policy.renderer.decode(traj.input_ids)
+    assert "<tools>" in text and "<tool_response>" in text and "<|im_start|>tool" not in text
+    assert check(task, traj.env.checker_input()).reward == 1.0
+
+
+@pytest.fixture(scope="module")
+def sampled(policy):
+    envs = lambda: [Episode(TASKS[i]) for i in ("multi_turn_base_50", "multi_turn_miss_func_50") * 2]  # noqa: E731
+    cfg = rollout_cfg(max_new_tokens=24)
+    stats = RolloutStats()
+    first = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(7), stats=stats)
+    again = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(7))
+    other = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(8))
+    return first, again, other, stats
+
+
+def test_training_forward_reproduces_sampling_time_log_probs(policy, sampled):
+    trajs = sampled[0]
+    width = max(len(t.input_ids) for t in trajs)
+    pad = lambda xs, v: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
+    ids = torch.tensor(pad([t.input_ids for t in trajs], 0))
+    attention = torch.tensor(pad([[1] * len(t.input_ids) for t in trajs], 0))
+    loss_mask = torch.tensor(pad([t.loss_mask for t in trajs], 0))
+    old = torch.tensor(pad([t.old_logprobs for t in trajs], 0.0))
+    with torch.no_grad():
+        new = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64)
+    diff = (new - old).abs().max().item()
+    print(f"max |training-time - sampling-time log-prob| = {diff:.2e} over {int(loss_mask.sum())} tokens")
+    assert loss_mask.sum() > 100 and diff < 1e-4
+
+
+def test_sampling_is_reproducible_and_sequences_are_exact(policy, sampled):
+    first, again, other, stats = sampled
+    assert [t.input_ids for t in first] == [t.input_ids for t in again]
+    assert [t.old_logprobs for t in first] == [t.old_logprobs for t in again]
+    assert [t.input_ids for t in first] != [t.input_ids for t in other]
+    for t in first:
+        assert t.exact and policy.renderer.decode(t.input_ids) == rendered_text(policy, t)
+        assert t.n_sampled <= 24 * t.n_messages
+    # every token went through the model at most once; two samples of each prompt share its prefill
+    assert stats.model_tokens < 0.6 * stats.sequence_tokens and stats.concurrency == 4
+
+
+def test_the_same_episode_object_twice_is_refused(policy):
+    env = Episode(TASKS["multi_turn_base_50"])
+    with pytest.raises(ValueError, match="more than once"):
+        run_rollouts(policy, [env, env], rollout_cfg(), 0.0)
+
+
+def test_batched_and_one_at_a_time_greedy_rollouts_agree(policy):
+    ids = ("multi_turn_base_50", "multi_turn_base_11", "multi_turn_miss_func_50")
+    runs = []
+    for slots in (3, 1):
+        cfg = rollout_cfg(max_new_tokens=8, max_concurrent=slots)
+        runs.append(run_rollouts(policy, [Episode(TASKS[i]) for i in ids], cfg, 0.0))
+    for a, b in zip(*runs, strict=True):
+        assert a.input_ids == b.input_ids and a.loss_mask == b.loss_mask
+        assert max(abs(x - y) for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)) < 1e-4
+
+
+class ToyEnv:
+    """Not an Episode: anything with reset / step / truncate / done can be rolled out."""
+
+    def __init__(self):
+        self.done = False
+
+    def reset(self):
+        self.turn, self.done = 0, False
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}], []
+
+    def step(self, text):
+        if "<tool_call>" in text:
+            return SimpleNamespace(observation=[{"role": "tool", "content": "ok"}], turn_done=False, done=False)
+        self.turn += 1
+        self.done = self.turn >= 2
+        observation = [] if self.done else [{"role": "user", "content": "Again."}]
+        return SimpleNamespace(observation=observation, turn_done=True, done=self.done)
+
+    def truncate(self):
+        self.done = True
+
+
+def test_any_env_with_the_protocol_and_a_template_that_strips_whitespace(policy):
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = tokenizer.chat_template.replace(
+        "message['content'] + '<|im_end|>", "message['content'] | trim + '<|im_end|>"
+    )
+    stripping = dataclasses.replace(policy, renderer=ChatRenderer(tokenizer, "template"))
+    texts = ["  hi <tool_call>{}</tool_call>  \n", "hi again \n", "bye"]
+    script = Script({0: [message(policy, t) for t in texts]})
+    (traj,) = run_rollouts(stripping, [ToyEnv()], rollout_cfg(), 0.0, logits_hook=script)
+    # The sampled tokens stay exactly as sampled, the rest follows the template, and the text differs
+    # from the template's rendering only where it stripped the assistant's whitespace.
+    assert [traj.input_ids[s:e] for s, e in sampled_spans(traj)] == script.forced[0]
+    assert not traj.exact and traj.env.done and [m["role"] for m in traj.messages][-1] == "assistant"
+    text = stripping.renderer.decode(traj.input_ids)
+    assert text.count("<|im_start|>assistant\n") == 3 and "<|im_start|>tool\nok<|im_end|>" in text
+    squeeze = lambda t: t.replace(" ", "").replace("\n", "")  # noqa: E731
+    assert squeeze(text) == squeeze(rendered_text(stripping, traj)) and text != rendered_text(stripping, traj)
