@@ -147,9 +147,12 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
     n_micro = 0
     model.train()
     for start in range(0, len(trajectories), per_mini):
-        mini = list(range(start, min(start + per_mini, len(trajectories))))
+        # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
+        mini = [i for i in range(start, min(start + per_mini, len(trajectories))) if any(trajectories[i].loss_mask)]
         # token-mean over the whole mini-batch: every micro-batch divides by the same token count
         n_tokens = sum(sum(trajectories[i].loss_mask) for i in mini)
+        if n_tokens == 0:
+            continue
         for m in range(0, len(mini), tc.micro_batch):
             micro = mini[m : m + tc.micro_batch]
             ids, attention, mask, old = collate([trajectories[i] for i in micro], policy.device)
