@@ -88,7 +88,7 @@ class Reference:
 _references: OrderedDict[str, Reference] = OrderedDict()
 
 
-def _snapshot(instances: dict[str, object], previous: dict | None) -> dict[str, dict]:
+def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
     """Public state per class, as env.state_of, but cheaper: a class whose state did not change since
     `previous` shares that snapshot (snapshots are never mutated), and a copy is a pickle round trip,
     about three times faster than deepcopy on these states."""
@@ -109,7 +109,8 @@ def reference(task: Task) -> Reference:
         return _references[task.id]
     instances = new_instances(task)
     methods = public_methods(instances)
-    initial = _snapshot(instances, None)
+    owners = {name: type(method.__self__).__name__ for name, method in methods.items()}
+    initial = _snapshot(instances)
     states, outputs, parsed = [], [], []
     for calls in task.ground_truth:
         turn_outputs, turn_calls = [], []
@@ -123,7 +124,6 @@ def reference(task: Task) -> Reference:
         outputs.append(turn_outputs)
         parsed.append(turn_calls)
         states.append(_snapshot(instances, states[-1] if states else initial))
-    owners = {name: type(method.__self__).__name__ for name, method in methods.items()}
     ref = Reference(initial, states, outputs, parsed, owners)
     _references[task.id] = ref
     if len(_references) > REFERENCE_CACHE_SIZE:

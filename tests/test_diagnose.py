@@ -323,5 +323,6 @@ def test_diagnose_check_command_runs_and_ends_with_json(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["clean"]["all_pass_or_abstention"]
     assert set(result["faults"]) == set(diagnose_check.FAULTS)
-    assert result["cut_short"]["cut_turn_pass"] == 0 and result["cut_short"]["crashes"] == 0
+    assert result["cut_short"]["cut_turn_pass"] == 0 and result["crash_count"] == 0
+    assert result["official_verdict"]["failed_without_a_failing_turn"] == 0
     assert result["timing"]["execute_s"] > 0 and result["timing"]["rules_s"] > 0
