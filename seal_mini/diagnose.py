@@ -9,8 +9,12 @@ The evidence for turn k of an episode:
   0..k (BFCL's response check works on "all outputs so far" the same way).
 
 The ground-truth reference is the same for all G samples of a task, so it is computed once per task and
-kept in a small LRU cache. Nothing here evaluates text: reference calls are parsed with
-seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly.
+kept in an LRU cache that holds the training set. Nothing here evaluates text: reference calls are parsed
+with seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly.
+
+Cost: the rules compare only the back ends a turn could have changed (back ends never touch each
+other's state) and walk a state only where it differs. `python -m seal_mini diagnose-check` measures
+diagnosing against executing; building a task's reference costs about one ground-truth replay.
 
 Attribution across turns. BFCL compares cumulative states, so once turn k diverges every later turn
 diverges too, and its checker stops at the first failing turn. SEAL wants one label per turn, so a later
@@ -243,6 +247,8 @@ class TurnEvidence:
                 for cls in self.differing:
                     if cls not in self.moved:  # an inherited difference that neither side touched
                         continue
+                    if self.gt_after[cls] is self.gt_before[cls] and self.model_after[cls] == self.model_before[cls]:
+                        continue  # touched, but neither side changed it: still only inherited
                     self._differences += [
                         (cls, *path)
                         for path in new_differences(

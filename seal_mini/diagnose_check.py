@@ -1,11 +1,12 @@
 """`python -m seal_mini diagnose-check`: prove the diagnoser on injected faults over all 800 tasks.
 
 For every task it replays the ground truth through the environment (the clean episode: every turn must
-come out pass or correct_abstention), then builds one faulty episode per fault kind: the ground truth
-with a single fault injected at one turn drawn at random among the turns where the fault can be
-made. Each faulty episode is diagnosed and the label at the faulted turn is compared with the fault's
-expected label. It also cuts episodes short (token truncation, per-turn call limit) and checks that
-the cut turn and the turns after it never count as pass.
+come out pass or correct_abstention), then injects each fault kind at every turn where it can be made,
+one fault per episode, the ground truth everywhere else; the label at the faulted turn is compared with
+the fault's expected label. Calls are scripted one per message, as an agent that reads each result
+before its next call (--parallel: all calls of a turn in one message, as the oracle does). It also cuts
+every turn short (token truncation; one call message over the per-turn limit) and checks that the cut
+turn never counts as pass and the turns after it are not_reached.
 
 Some faults leave no trace at their own turn, or another one than intended (a changed value the back
 end does not store; a dropped booking that a later cancellation in the same turn would have undone).
@@ -13,8 +14,12 @@ For the three kinds whose label rests on the fault's effect, the official BFCL c
 run on the episode's turns up to the faulted one, and the fault is attributable when the checker fails
 that turn with the error type of the expected label (instance_state_mismatch for state_mismatch,
 execution_response_mismatch for response_mismatch). Accuracy is reported over all faulty episodes and
-over the attributable ones; for the other kinds every fault is attributable by construction.
+over the attributable ones; for the other kinds every fault is attributable by construction. The
+faulty episodes of every 8th task also get the full official verdict: a failed episode in which the
+rules find no failing turn would show there.
 
+Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
+building each task's ground-truth reference (once per task, shared by all its episodes).
 The last line of output is one JSON object with every number printed above it.
 """
 
@@ -60,6 +65,7 @@ CHECKER_ERROR = {
 FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
 """The small model's finer state_mismatch cause that each fault kind implies."""
 MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
+"""BFCL's per-turn limit on tool-calling messages; a longer turn is scripted with several calls per message."""
 ATTEMPTS = 3
 """Draws per task and fault kind before a fault that does not take is counted as not realized."""
 
