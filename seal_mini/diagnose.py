@@ -448,7 +448,9 @@ def diagnose_turns(episode, verdict=None, judge=None) -> list[TurnDiagnosis]:
     """One TurnDiagnosis per task turn: label, reason, and (with a judge) a finer cause where ambiguous.
 
     `verdict` (seal_mini.verifier.Verdict) is optional evidence: if the official checker failed the
-    episode and no rule found a failing turn, the checker's failed turn takes the checker's error type."""
+    episode and no rule found a failing turn, the turn the checker names takes the checker's error type
+    (BFCL's state-mismatch message names no turn; then nothing changes). In diagnose-check's sample no
+    failed episode went without a failing turn. `judge` (seal_mini.judge.LabelJudge) fills `detail`."""
     evidences = evidence(episode)
     out = []
     for k, ev in enumerate(evidences):

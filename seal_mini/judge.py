@@ -101,31 +101,47 @@ class LabelJudge:
         if not prompt_ids or any(not t for t in tails):
             raise ValueError("the prompt and every description must tokenize to at least one token")
         device = next(self.model.parameters()).device
-        n, width = len(prompt_ids), max(len(t) for t in tails)
+        width = max(len(t) for t in tails)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         tail_ids = torch.full((len(tails), width), pad, dtype=torch.long)
         tail_mask = torch.zeros((len(tails), width), dtype=torch.long)
         for i, tail in enumerate(tails):
             tail_ids[i, : len(tail)] = torch.tensor(tail)
             tail_mask[i, : len(tail)] = 1
-        with torch.no_grad(), self.adapter_off():
-            out = self.model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, logits_to_keep=1)
-            first = out.logits[0, -1].float().log_softmax(-1)  # (V,): predicts each description's first token
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(len(tails))
-            attention = torch.cat([torch.ones((len(tails), n), dtype=torch.long), tail_mask], dim=1)
-            logits = self.model(
-                input_ids=tail_ids.to(device),
-                attention_mask=attention.to(device),
-                position_ids=(n + torch.arange(width)).expand(len(tails), width).to(device),
-                past_key_values=cache,
-            ).logits  # (C, W, V): position j predicts tail token j + 1
+        # Eval mode for the two forwards: no dropout, and a model that trains with gradient checkpointing
+        # would otherwise refuse the KV cache.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits, first = self._forward(prompt_ids, tail_ids, tail_mask, device)
+        finally:
+            self.model.train(was_training)
         logprobs = logits[:, :-1].float().log_softmax(-1)  # (C, W - 1, V)
         out_scores = []
         for i, tail in enumerate(tails):
             rest = logprobs[i, torch.arange(len(tail) - 1), tail_ids[i, 1 : len(tail)].to(device)]  # (len - 1,)
             out_scores.append((first[tail[0]] + rest.sum()).item() / len(tail))
         return out_scores
+
+    def _forward(self, prompt_ids: list[int], tail_ids, tail_mask, device):
+        """Logits (C, W, V) of the right-padded descriptions after the prompt, and the prompt's last-token
+        log-probabilities (V,), which score each description's first token."""
+        import torch
+
+        n, (count, width) = len(prompt_ids), tail_ids.shape
+        with torch.no_grad(), self.adapter_off():
+            out = self.model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, logits_to_keep=1)
+            first = out.logits[0, -1].float().log_softmax(-1)  # (V,): predicts each description's first token
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(count)
+            attention = torch.cat([torch.ones((count, n), dtype=torch.long), tail_mask], dim=1)
+            logits = self.model(
+                input_ids=tail_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=(n + torch.arange(width)).expand(count, width).to(device),
+                past_key_values=cache,
+            ).logits  # (C, W, V): position j predicts tail token j + 1
+        return logits, first
 
     def pick(self, prompt: str, candidates: dict[str, str]) -> tuple[str, dict[str, float]]:
         """The candidate label whose description scores highest, and every candidate's score."""

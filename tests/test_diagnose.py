@@ -275,6 +275,17 @@ def test_judge_scores_are_mean_description_log_likelihoods():
         assert score == pytest.approx(expected, abs=1e-4)
 
 
+def test_judge_on_a_policy_in_training_mode():
+    from seal_mini.judge import tiny_random_judge
+
+    judge = tiny_random_judge(seed=2)
+    before = judge.scores("a prompt", ["the first", "the second"])
+    judge.model.gradient_checkpointing_enable()
+    judge.model.train()  # a policy mid-training: checkpointing would refuse the KV cache in train mode
+    assert judge.scores("a prompt", ["the first", "the second"]) == pytest.approx(before, abs=1e-5)
+    assert judge.model.training
+
+
 def test_judge_picks_the_argmax_of_a_closed_set(monkeypatch):
     from seal_mini.judge import tiny_random_judge
 
