@@ -9,8 +9,12 @@ The evidence for turn k of an episode:
   0..k (BFCL's response check works on "all outputs so far" the same way).
 
 The ground-truth reference is the same for all G samples of a task, so it is computed once per task and
-kept in a small LRU cache. Nothing here evaluates text: reference calls are parsed with
-seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly.
+kept in an LRU cache that holds the training set. Nothing here evaluates text: reference calls are parsed
+with seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly.
+
+Cost: the rules compare only the back ends a turn could have changed (back ends never touch each
+other's state) and walk a state only where it differs. `python -m seal_mini diagnose-check` measures
+diagnosing against executing; building a task's reference costs about one ground-truth replay.
 
 Attribution across turns. BFCL compares cumulative states, so once turn k diverges every later turn
 diverges too, and its checker stops at the first failing turn. SEAL wants one label per turn, so a later
@@ -88,7 +92,7 @@ class Reference:
 _references: OrderedDict[str, Reference] = OrderedDict()
 
 
-def _snapshot(instances: dict[str, object], previous: dict | None) -> dict[str, dict]:
+def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
     """Public state per class, as env.state_of, but cheaper: a class whose state did not change since
     `previous` shares that snapshot (snapshots are never mutated), and a copy is a pickle round trip,
     about three times faster than deepcopy on these states."""
@@ -109,7 +113,8 @@ def reference(task: Task) -> Reference:
         return _references[task.id]
     instances = new_instances(task)
     methods = public_methods(instances)
-    initial = _snapshot(instances, None)
+    owners = {name: type(method.__self__).__name__ for name, method in methods.items()}
+    initial = _snapshot(instances)
     states, outputs, parsed = [], [], []
     for calls in task.ground_truth:
         turn_outputs, turn_calls = [], []
@@ -123,7 +128,6 @@ def reference(task: Task) -> Reference:
         outputs.append(turn_outputs)
         parsed.append(turn_calls)
         states.append(_snapshot(instances, states[-1] if states else initial))
-    owners = {name: type(method.__self__).__name__ for name, method in methods.items()}
     ref = Reference(initial, states, outputs, parsed, owners)
     _references[task.id] = ref
     if len(_references) > REFERENCE_CACHE_SIZE:
@@ -243,6 +247,8 @@ class TurnEvidence:
                 for cls in self.differing:
                     if cls not in self.moved:  # an inherited difference that neither side touched
                         continue
+                    if self.gt_after[cls] is self.gt_before[cls] and self.model_after[cls] == self.model_before[cls]:
+                        continue  # touched, but neither side changed it: still only inherited
                     self._differences += [
                         (cls, *path)
                         for path in new_differences(
@@ -442,7 +448,9 @@ def diagnose_turns(episode, verdict=None, judge=None) -> list[TurnDiagnosis]:
     """One TurnDiagnosis per task turn: label, reason, and (with a judge) a finer cause where ambiguous.
 
     `verdict` (seal_mini.verifier.Verdict) is optional evidence: if the official checker failed the
-    episode and no rule found a failing turn, the checker's failed turn takes the checker's error type."""
+    episode and no rule found a failing turn, the turn the checker names takes the checker's error type
+    (BFCL's state-mismatch message names no turn; then nothing changes). In diagnose-check's sample no
+    failed episode went without a failing turn. `judge` (seal_mini.judge.LabelJudge) fills `detail`."""
     evidences = evidence(episode)
     out = []
     for k, ev in enumerate(evidences):

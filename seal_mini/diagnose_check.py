@@ -1,11 +1,12 @@
 """`python -m seal_mini diagnose-check`: prove the diagnoser on injected faults over all 800 tasks.
 
 For every task it replays the ground truth through the environment (the clean episode: every turn must
-come out pass or correct_abstention), then builds one faulty episode per fault kind: the ground truth
-with a single fault injected at one turn drawn at random among the turns where the fault can be
-made. Each faulty episode is diagnosed and the label at the faulted turn is compared with the fault's
-expected label. It also cuts episodes short (token truncation, per-turn call limit) and checks that
-the cut turn and the turns after it never count as pass.
+come out pass or correct_abstention), then injects each fault kind at every turn where it can be made,
+one fault per episode, the ground truth everywhere else; the label at the faulted turn is compared with
+the fault's expected label. Calls are scripted one per message, as an agent that reads each result
+before its next call (--parallel: all calls of a turn in one message, as the oracle does). It also cuts
+every turn short (token truncation; one call message over the per-turn limit) and checks that the cut
+turn never counts as pass and the turns after it are not_reached.
 
 Some faults leave no trace at their own turn, or another one than intended (a changed value the back
 end does not store; a dropped booking that a later cancellation in the same turn would have undone).
@@ -13,8 +14,12 @@ For the three kinds whose label rests on the fault's effect, the official BFCL c
 run on the episode's turns up to the faulted one, and the fault is attributable when the checker fails
 that turn with the error type of the expected label (instance_state_mismatch for state_mismatch,
 execution_response_mismatch for response_mismatch). Accuracy is reported over all faulty episodes and
-over the attributable ones; for the other kinds every fault is attributable by construction.
+over the attributable ones; for the other kinds every fault is attributable by construction. The
+faulty episodes of every 8th task also get the full official verdict: a failed episode in which the
+rules find no failing turn would show there.
 
+Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
+building each task's ground-truth reference (once per task, shared by all its episodes).
 The last line of output is one JSON object with every number printed above it.
 """
 
@@ -60,6 +65,7 @@ CHECKER_ERROR = {
 FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
 """The small model's finer state_mismatch cause that each fault kind implies."""
 MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
+"""BFCL's per-turn limit on tool-calling messages; a longer turn is scripted with several calls per message."""
 ATTEMPTS = 3
 """Draws per task and fault kind before a fault that does not take is counted as not realized."""
 
@@ -408,32 +414,61 @@ def _timed(timer: Timer, key: str, fn, *args, **kwargs):
     return out
 
 
-def _score(kind, tally, task, episode, turn, note, examples, timer, confusion, around, crashes) -> None:
-    """Diagnose one faulty episode and count the label at its faulted turn."""
-    try:
-        timer.episodes += 1
-        diagnoses = _timed(timer, "rules", diagnose_turns, episode)
-    except Exception as e:  # counted and shown, never hidden
-        crashes.append(f"{kind} {task.id}: {type(e).__name__}: {e}")
-        return
-    label = diagnoses[turn].label
-    tally.n += 1
-    tally.labels[label] += 1
-    tally.correct += label == tally.expected
-    confusion[tally.expected][label] += 1
-    around["before"].update(d.label for d in diagnoses[:turn])
-    around["after"].update(d.label for d in diagnoses[turn + 1 :])
-    attributable = True
-    if kind in EFFECT_KINDS:
-        verdict = _timed(timer, "verify", _prefix_verdict, task, episode, turn)
-        attributable = verdict.error_type == CHECKER_ERROR[tally.expected]
-        tally.checker_types[verdict.error_type or "passed"] += 1
-    tally.attributable += attributable
-    tally.attributable_correct += attributable and label == tally.expected
-    if label != tally.expected and len(tally.misses) < examples:
-        seen = (verdict.error_type or "passes the turn") if kind in EFFECT_KINDS else ""
-        masked = "" if attributable else f" (not attributable: the official checker says {seen})"
-        tally.misses.append(f"{task.id} turn {turn} [{note}] -> {label}: {diagnoses[turn].reason}{masked}")
+@dataclass
+class Run:
+    """Everything one diagnose-check run counts."""
+
+    examples: int
+    verify_every: int
+    tallies: dict = field(default_factory=lambda: {k: Tally(FAULTS[k][0]) for k in FAULTS})
+    confusion: dict = field(default_factory=lambda: {z: Counter() for z in LABELS})
+    clean: dict = field(default_factory=lambda: {"episodes": 0, "turns": 0, "labels": Counter(), "failures": []})
+    around: dict = field(default_factory=lambda: {"before": Counter(), "after": Counter()})
+    cut: dict = field(
+        default_factory=lambda: {"episodes": 0, "cut_turn_labels": Counter(), "cut_turn_pass": 0, "later_reached": 0}
+    )
+    verdicts: Counter = field(default_factory=Counter)
+    """(official reward, rules found a failing turn) over a sample of faulty episodes."""
+    crashes: list = field(default_factory=list)
+    timer: Timer = field(default_factory=Timer)
+
+    def diagnose(self, episode, what: str):
+        """The diagnoser on one episode, timed; None (and a counted crash) if it raises."""
+        self.timer.episodes += 1
+        try:
+            return _timed(self.timer, "rules", diagnose_turns, episode)
+        except Exception as e:  # counted and shown, never hidden
+            self.crashes.append(f"{what} {episode.task.id}: {type(e).__name__}: {e}")
+            return None
+
+    def score_fault(self, kind: str, episode, turn: int, note: str) -> None:
+        """Diagnose one faulty episode and count the label at its faulted turn."""
+        tally = self.tallies[kind]
+        diagnoses = self.diagnose(episode, kind)
+        if diagnoses is None:
+            return
+        task, label = episode.task, diagnoses[turn].label
+        tally.n += 1
+        tally.labels[label] += 1
+        tally.correct += label == tally.expected
+        self.confusion[tally.expected][label] += 1
+        self.around["before"].update(d.label for d in diagnoses[:turn])
+        self.around["after"].update(d.label for d in diagnoses[turn + 1 :])
+        seen = ""
+        if kind in EFFECT_KINDS:
+            verdict = _timed(self.timer, "verify", _prefix_verdict, task, episode, turn)
+            seen = verdict.error_type or "passes the turn"
+            tally.checker_types[verdict.error_type or "passed"] += 1
+        attributable = kind not in EFFECT_KINDS or seen == CHECKER_ERROR[tally.expected]
+        tally.attributable += attributable
+        tally.attributable_correct += attributable and label == tally.expected
+        if label != tally.expected and len(tally.misses) < self.examples:
+            masked = "" if attributable else f" (not attributable: the official checker says {seen})"
+            tally.misses.append(f"{task.id} turn {turn} [{note}] -> {label}: {diagnoses[turn].reason}{masked}")
+        if self.verify_every and task.index % self.verify_every == 0:
+            forced = episode.ended_by == "turn_limit"
+            verdict = _timed(self.timer, "verify", check, task, episode.checker_input(), forced)
+            self.verdicts[(verdict.reward, any(d.label in FAILURE_LABELS for d in diagnoses))] += 1
 
 
 def run_check(
@@ -443,24 +478,18 @@ def run_check(
     examples: int = 3,
     turns_per_fault: int = 0,
     parallel: bool = False,
+    verify_every: int = 8,
 ) -> dict:
     """Clean, faulty and cut-short episodes for every task; returns all the numbers.
 
     Each fault kind is injected at every turn of a task where it can be made (turns_per_fault > 0:
-    at most that many such turns, drawn at random), one fault per episode."""
+    at most that many such turns, drawn at random), one fault per episode. The faulty episodes of
+    every verify_every-th task (by index) also get the official verdict, to count failed episodes in
+    which the rules found no failing turn."""
     tasks = [t for t in load_tasks(categories) if not limit or t.index < limit]
-    timer = Timer(tasks=len(tasks))
-    tallies = {k: Tally(FAULTS[k][0]) for k in FAULTS}
-    confusion: dict[str, Counter] = {z: Counter() for z in LABELS}
-    clean = {"episodes": 0, "turns": 0, "labels": Counter(), "failures": []}
-    around = {"before": Counter(), "after": Counter()}
-    cut = {"episodes": 0, "crashes": 0, "cut_turn_labels": Counter(), "cut_turn_pass": 0, "later_reached": 0}
-    crashes = []
-
-    def diagnose_timed(episode):
-        timer.episodes += 1
-        return _timed(timer, "rules", diagnose_turns, episode)
-
+    run = Run(examples, verify_every)
+    timer = run.timer
+    timer.tasks = len(tasks)
     for task in tasks:
         # The reference is built once per task and shared by all its episodes, as by the G samples of
         # a training group; its cost is timed on its own.
@@ -469,19 +498,18 @@ def run_check(
         gt = [_pairs(calls) for calls in p]
         gt_messages = [turn_messages(_blocks(calls), parallel) for calls in gt]
 
-        episode = _timed(timer, "execute", drive, task, gt_messages)
-        diagnoses = diagnose_timed(episode)
-        clean["episodes"] += 1
-        clean["turns"] += len(diagnoses)
+        diagnoses = run.diagnose(_timed(timer, "execute", drive, task, gt_messages), "clean") or []
+        run.clean["episodes"] += 1
+        run.clean["turns"] += len(diagnoses)
         for d in diagnoses:
-            clean["labels"][d.label] += 1
+            run.clean["labels"][d.label] += 1
             expected = "pass" if gt[d.index] else "correct_abstention"
-            confusion[expected][d.label] += 1
+            run.confusion[expected][d.label] += 1
             if d.label != expected:
-                clean["failures"].append(f"{task.id} turn {d.index}: {d.label} ({d.reason})")
+                run.clean["failures"].append(f"{task.id} turn {d.index}: {d.label} ({d.reason})")
 
         for kind, builder in BUILDERS.items():
-            tally = tallies[kind]
+            tally = run.tallies[kind]
             turns = list(range(len(task.turns)))
             if turns_per_fault:
                 random.Random(f"{seed}:{task.id}:{kind}").shuffle(turns)
@@ -506,8 +534,8 @@ def run_check(
                 made += 1
                 if episode is None:
                     tally.not_realized += 1
-                    continue
-                _score(kind, tally, task, episode, turn, note, examples, timer, confusion, around, crashes)
+                else:
+                    run.score_fault(kind, episode, turn, note)
             tally.tasks += made > 0
 
         # Cut short at every turn: truncated after the turn's calls, and over the per-turn call limit.
@@ -521,18 +549,16 @@ def run_check(
                 looping = gt_messages[:turn] + [[message, message, DONE_TEXT]]
                 episodes.append(_timed(timer, "execute", drive, task, looping, max_calls_per_turn=1))
             for episode in episodes:
-                cut["episodes"] += 1
-                try:
-                    labels = [d.label for d in diagnose_timed(episode)]
-                except Exception as e:
-                    cut["crashes"] += 1
-                    crashes.append(f"cut {task.id} turn {turn}: {type(e).__name__}: {e}")
+                run.cut["episodes"] += 1
+                diagnoses = run.diagnose(episode, f"cut at turn {turn}")
+                if diagnoses is None:
                     continue
-                cut["cut_turn_labels"][labels[turn]] += 1
-                cut["cut_turn_pass"] += labels[turn] in ("pass", "correct_abstention")
-                cut["later_reached"] += sum(z != "not_reached" for z in labels[turn + 1 :])
+                labels = [d.label for d in diagnoses]
+                run.cut["cut_turn_labels"][labels[turn]] += 1
+                run.cut["cut_turn_pass"] += labels[turn] in ("pass", "correct_abstention")
+                run.cut["later_reached"] += sum(z != "not_reached" for z in labels[turn + 1 :])
 
-    return _summary(tallies, confusion, clean, around, cut, crashes, timer)
+    return _summary(run)
 
 
 def _precision_recall(confusion: dict[str, Counter]) -> dict[str, dict]:
@@ -550,9 +576,10 @@ def _precision_recall(confusion: dict[str, Counter]) -> dict[str, dict]:
     return out
 
 
-def _summary(tallies, confusion, clean, around, cut, crashes, timer) -> dict:
+def _summary(run: Run) -> dict:
     faults = {}
-    for kind, t in tallies.items():
+    timer, clean, cut = run.timer, run.clean, run.cut
+    for kind, t in run.tallies.items():
         faults[kind] = {
             "expected": t.expected,
             "episodes": t.n,
@@ -593,12 +620,20 @@ def _summary(tallies, confusion, clean, around, cut, crashes, timer) -> dict:
             "failures": clean["failures"][:20],
         },
         "faults": faults,
-        "confusion": {z: dict(row.most_common()) for z, row in confusion.items() if row},
-        "per_label": _precision_recall(confusion),
-        "turns_before_fault": dict(around["before"].most_common()),
-        "turns_after_fault": dict(around["after"].most_common()),
+        "confusion": {z: dict(row.most_common()) for z, row in run.confusion.items() if row},
+        "per_label": _precision_recall(run.confusion),
+        "turns_before_fault": dict(run.around["before"].most_common()),
+        "turns_after_fault": dict(run.around["after"].most_common()),
         "cut_short": {**cut, "cut_turn_labels": dict(cut["cut_turn_labels"].most_common())},
-        "crashes": crashes[:20],
+        "official_verdict": {
+            "episodes": sum(run.verdicts.values()),
+            "failed_with_a_failing_turn": run.verdicts[(0.0, True)],
+            "failed_without_a_failing_turn": run.verdicts[(0.0, False)],
+            "passed_with_a_failing_turn": run.verdicts[(1.0, True)],
+            "passed_without": run.verdicts[(1.0, False)],
+        },
+        "crashes": run.crashes[:20],
+        "crash_count": len(run.crashes),
         "timing": timing,
     }
 
@@ -684,10 +719,16 @@ def _print_report(result: dict) -> None:
     print(f"turns after the fault:  {result['turns_after_fault']}")
     cs = result["cut_short"]
     print(
-        f"\ncut short: {cs['episodes']} episodes, {cs['crashes']} crashes, cut turn labelled "
-        f"{cs['cut_turn_labels']}; cut turns counted as pass: {cs['cut_turn_pass']}; "
-        f"later turns not labelled not_reached: {cs['later_reached']}"
+        f"\ncut short: {cs['episodes']} episodes, cut turn labelled {cs['cut_turn_labels']}; "
+        f"cut turns counted as pass: {cs['cut_turn_pass']}; later turns not labelled not_reached: {cs['later_reached']}"
     )
+    v = result["official_verdict"]
+    print(
+        f"official verdict on {v['episodes']} faulty episodes (every few tasks): failed with a failing turn "
+        f"{v['failed_with_a_failing_turn']}, failed without one {v['failed_without_a_failing_turn']}, passed "
+        f"with one {v['passed_with_a_failing_turn']}, passed without {v['passed_without']}"
+    )
+    print(f"diagnoser crashes: {result['crash_count']}")
     for line in result["crashes"]:
         print(f"  crash: {line}")
     t = result["timing"]
@@ -730,9 +771,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--parallel", action="store_true", help="script all calls of a turn in one message (default: one per message)"
     )
+    parser.add_argument(
+        "--verify-every",
+        type=int,
+        default=8,
+        help="official verdict on the faulty episodes of every N-th task (0: none)",
+    )
     parser.add_argument("--small-model-turns", type=int, default=70, help="faulty episodes the small model judges")
     args = parser.parse_args(argv)
-    result = run_check(args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel)
+    result = run_check(
+        args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel, args.verify_every
+    )
     if args.small_model:
         from seal_mini.config import DiagnosisConfig
         from seal_mini.judge import judge_from_config, tiny_random_judge

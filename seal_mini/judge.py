@@ -90,39 +90,58 @@ class LabelJudge:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def scores(self, prompt: str, descriptions: list[str]) -> list[float]:
-        """Mean log-likelihood of each description's tokens given the prompt (one batched forward)."""
+        """Mean log-likelihood of each description's tokens given the prompt.
+
+        The prompt is run once; its KV cache is repeated for the C descriptions, which are then run
+        together (right-padded), so the cost is one prompt plus C short continuations."""
         import torch
 
         prompt_ids = self._ids(prompt)[-self.max_prompt_tokens :]
         tails = [self._ids(" " + d) for d in descriptions]
         if not prompt_ids or any(not t for t in tails):
             raise ValueError("the prompt and every description must tokenize to at least one token")
-        rows = [prompt_ids + t for t in tails]
-        width, keep = max(len(r) for r in rows), max(len(t) for t in tails)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        # Left padding puts every description at the right edge, so only the last `keep` positions
-        # need logits: the full-vocabulary logits of the prompt are never materialised.
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            attention[i, width - len(row) :] = 1
-        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
         device = next(self.model.parameters()).device
-        with torch.no_grad(), self.adapter_off():
-            logits = self.model(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                position_ids=position_ids.to(device),
-                logits_to_keep=keep + 1,
-            ).logits  # (C, keep + 1, V)
-        logprobs = logits[:, :-1].float().log_softmax(-1)  # (C, keep, V): position j predicts token j + 1
-        targets = input_ids[:, width - keep :].to(device)  # (C, keep)
-        token_lp = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (C, keep)
-        out = []
+        width = max(len(t) for t in tails)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        tail_ids = torch.full((len(tails), width), pad, dtype=torch.long)
+        tail_mask = torch.zeros((len(tails), width), dtype=torch.long)
         for i, tail in enumerate(tails):
-            out.append(token_lp[i, keep - len(tail) :].mean().item())
-        return out
+            tail_ids[i, : len(tail)] = torch.tensor(tail)
+            tail_mask[i, : len(tail)] = 1
+        # Eval mode for the two forwards: no dropout, and a model that trains with gradient checkpointing
+        # would otherwise refuse the KV cache.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            logits, first = self._forward(prompt_ids, tail_ids, tail_mask, device)
+        finally:
+            self.model.train(was_training)
+        logprobs = logits[:, :-1].float().log_softmax(-1)  # (C, W - 1, V)
+        out_scores = []
+        for i, tail in enumerate(tails):
+            rest = logprobs[i, torch.arange(len(tail) - 1), tail_ids[i, 1 : len(tail)].to(device)]  # (len - 1,)
+            out_scores.append((first[tail[0]] + rest.sum()).item() / len(tail))
+        return out_scores
+
+    def _forward(self, prompt_ids: list[int], tail_ids, tail_mask, device):
+        """Logits (C, W, V) of the right-padded descriptions after the prompt, and the prompt's last-token
+        log-probabilities (V,), which score each description's first token."""
+        import torch
+
+        n, (count, width) = len(prompt_ids), tail_ids.shape
+        with torch.no_grad(), self.adapter_off():
+            out = self.model(input_ids=torch.tensor([prompt_ids], device=device), use_cache=True, logits_to_keep=1)
+            first = out.logits[0, -1].float().log_softmax(-1)  # (V,): predicts each description's first token
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(count)
+            attention = torch.cat([torch.ones((count, n), dtype=torch.long), tail_mask], dim=1)
+            logits = self.model(
+                input_ids=tail_ids.to(device),
+                attention_mask=attention.to(device),
+                position_ids=(n + torch.arange(width)).expand(count, width).to(device),
+                past_key_values=cache,
+            ).logits  # (C, W, V): position j predicts tail token j + 1
+        return logits, first
 
     def pick(self, prompt: str, candidates: dict[str, str]) -> tuple[str, dict[str, float]]:
         """The candidate label whose description scores highest, and every candidate's score."""

@@ -275,6 +275,17 @@ def test_judge_scores_are_mean_description_log_likelihoods():
         assert score == pytest.approx(expected, abs=1e-4)
 
 
+def test_judge_on_a_policy_in_training_mode():
+    from seal_mini.judge import tiny_random_judge
+
+    judge = tiny_random_judge(seed=2)
+    before = judge.scores("a prompt", ["the first", "the second"])
+    judge.model.gradient_checkpointing_enable()
+    judge.model.train()  # a policy mid-training: checkpointing would refuse the KV cache in train mode
+    assert judge.scores("a prompt", ["the first", "the second"]) == pytest.approx(before, abs=1e-5)
+    assert judge.model.training
+
+
 def test_judge_picks_the_argmax_of_a_closed_set(monkeypatch):
     from seal_mini.judge import tiny_random_judge
 
@@ -323,5 +334,6 @@ def test_diagnose_check_command_runs_and_ends_with_json(capsys):
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["clean"]["all_pass_or_abstention"]
     assert set(result["faults"]) == set(diagnose_check.FAULTS)
-    assert result["cut_short"]["cut_turn_pass"] == 0 and result["cut_short"]["crashes"] == 0
+    assert result["cut_short"]["cut_turn_pass"] == 0 and result["crash_count"] == 0
+    assert result["official_verdict"]["failed_without_a_failing_turn"] == 0
     assert result["timing"]["execute_s"] > 0 and result["timing"]["rules_s"] > 0
