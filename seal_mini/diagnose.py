@@ -120,7 +120,9 @@ def reference(task: Task) -> Reference:
         turn_outputs, turn_calls = [], []
         for text in calls:
             name, arguments = ground_truth_call(text, methods)
-            turn_calls.append((name, copy.deepcopy(arguments)))  # back ends keep (and later grow) lists passed in
+            # Back ends keep (and later grow) the lists passed in: keep a copy of any such argument.
+            mutable = any(isinstance(v, (list, dict)) for v in arguments.values())
+            turn_calls.append((name, copy.deepcopy(arguments) if mutable else arguments))
             try:
                 turn_outputs.append(format_output(methods[name](**arguments)))
             except Exception as e:  # the checker records a raising call the same way
