@@ -244,7 +244,8 @@ class Episode:
             return CallEvent(step, call.name, call.arguments, "unknown_tool", f"tool {call.name!r} is not available")
         event = CallEvent(step, call.name, call.arguments, violation=call.violation, call=call.canonical())
         try:
-            result = method(**call.arguments)
+            # back ends keep the lists and dicts they are given: pass copies so the record stays as called
+            result = method(**copy.deepcopy(call.arguments))
         except Exception as e:  # the back end's own errors are observations, as in BFCL
             event.error_kind, event.error = "execution", str(e)
             event.output = f"Error during execution: {e}"

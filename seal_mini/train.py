@@ -34,10 +34,11 @@ import torch
 
 from seal_mini.bfcl import Task, make_split, read_split_file, tasks_by_id
 from seal_mini.config import Config, ConfigError, config_from_dict, load_config
-from seal_mini.diagnose import diagnose, failure_profile, trajectory_profile
+from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.env import TURN_LIMIT, Episode
 from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
 from seal_mini.interface import Interface, InterfaceState, evolve, initial_state
+from seal_mini.judge import judge_from_config
 from seal_mini.logprobs import token_logprobs
 from seal_mini.policy import load_policy, save_adapter
 from seal_mini.report import active_cues
@@ -223,13 +224,14 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler) -> LoopState:
 # --- logging helpers --------------------------------------------------------------------------------
 
 
-def trajectory_rows(trajs, verdicts, labels, weights, advantages) -> list[dict]:
+def trajectory_rows(trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
     return [
         {
             "task_id": t.task_id,
             "reward": v.reward,
             "error_type": v.error_type,
-            "labels": z,
+            "labels": [d.label for d in z],
+            "reasons": [d.reason + (f" [{d.detail}]" if d.detail else "") for d in z],
             "weight": float(w),
             "advantage": float(a),
             "truncated": t.truncated,
@@ -237,7 +239,7 @@ def trajectory_rows(trajs, verdicts, labels, weights, advantages) -> list[dict]:
             "n_tokens": len(t.input_ids),
             "messages": t.messages,
         }
-        for t, v, z, w, a in zip(trajs, verdicts, labels, weights, advantages, strict=True)
+        for t, v, z, w, a in zip(trajs, verdicts, diagnoses, weights, advantages, strict=True)
     ]
 
 
@@ -282,6 +284,8 @@ def train(cfg: Config, resume: bool = False):
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg)
+    # optional small-model refinement of ambiguous failures (diagnosis.small_model; off by default)
+    judge = judge_from_config(cfg.diagnosis, policy.model, policy.tokenizer) if cfg.train.diagnose else None
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = max(cfg.train.warmup_steps, 0)
@@ -314,10 +318,11 @@ def train(cfg: Config, resume: bool = False):
 
         # 3. diagnosis: one label per turn, and the round's failure profile C_t
         if cfg.train.diagnose:
-            labels = [diagnose(env, v) for env, v in zip(envs, verdicts, strict=True)]
+            diagnoses = [diagnose_turns(env, v, judge) for env, v in zip(envs, verdicts, strict=True)]
+            labels = [[d.label for d in turns] for turns in diagnoses]
             profile = failure_profile(labels, rewards)
         else:
-            labels, profile = [[] for _ in envs], {}
+            diagnoses, labels, profile = [[] for _ in envs], [[] for _ in envs], {}
 
         # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
         group_ids = [i // G for i in range(len(envs))]
@@ -367,7 +372,7 @@ def train(cfg: Config, resume: bool = False):
             "time/rollout_s": round(t_rollout, 2),
             "time/update_s": round(t_update, 2),
         }
-        rows = trajectory_rows(trajs, verdicts, labels, weights.tolist(), adv.tolist())
+        rows = trajectory_rows(trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
         write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
         write_json(
             run_dir / "rounds" / f"step_{step:04d}.json",

@@ -216,3 +216,15 @@ def test_quote_injection_round_trips_as_a_literal(no_escape):
     r = ep.step(call("cat", file_name="notes.txt"))
     assert json.loads(r.observation[0]["content"]) == {"file_content": value}
     check(task, ep.checker_input())
+
+
+def test_back_ends_get_copies_of_the_arguments():
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    password = task.initial_config["TwitterAPI"]["password"]
+    ep.step(call("authenticate_twitter", username="analyst_pro", password=password))
+    r = ep.step(call("post_tweet", content="hello", tags=["#a"], mentions=["@b"]))
+    assert json.loads(r.observation[0]["content"])["id"] == 3
+    ep.step(call("mention", tweet_id=3, mentioned_usernames=["@c"]))  # the back end extends the tweet's list
+    assert r.events[0].arguments == {"content": "hello", "tags": ["#a"], "mentions": ["@b"]}
