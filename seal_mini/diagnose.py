@@ -46,15 +46,7 @@ from seal_mini.config import LABELS
 from seal_mini.env import NO_CALL, TurnRecord, format_output, new_instances, public_methods
 from seal_mini.oracle import ground_truth_call
 
-FAILURE_LABELS = (
-    "invalid_tool_call",
-    "argument_mismatch",
-    "spurious_tool_call",
-    "state_mismatch",
-    "recovery_failure",
-    "missing_tool_call",
-    "response_mismatch",
-)
+FAILURE_LABELS = tuple(z for z in LABELS if z not in ("pass", "correct_abstention", "not_reached"))
 """Labels that say the turn went wrong (not_reached says nothing either way)."""
 
 # What the official checker's error types mean in our labels; used only when a verdict says an episode

@@ -16,7 +16,6 @@ Every function returns (value, metrics) where metrics are plain floats with name
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 
 import torch
@@ -64,13 +63,6 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> tuple[torch.Tenso
         "adv/reward_mean": float(r.mean()) if r.numel() else 0.0,
     }
     return adv, metrics
-
-
-def label_shares(labels: Sequence[str]) -> dict[str, float]:
-    """Turn labels of one trajectory -> p_j(z), the share of its turns carrying each label."""
-    assert len(labels) > 0, "a trajectory has at least one turn"
-    counts = Counter(labels)
-    return {label: n / len(labels) for label, n in counts.items()}
 
 
 def diagnostic_weights(

@@ -10,7 +10,6 @@ from seal_mini.grpo import (
     diagnostic_weights,
     ema_rho,
     group_advantages,
-    label_shares,
     policy_loss,
     weighted_advantages,
 )
@@ -69,10 +68,6 @@ def test_group_advantages_reject_bad_input():
 
 
 # --- diagnostic weights --------------------------------------------------------------------------
-
-
-def test_label_shares():
-    assert label_shares(["pass", "state_mismatch", "pass", "pass"]) == {"pass": 0.75, "state_mismatch": 0.25}
 
 
 def test_diagnostic_weights_by_hand_with_clip():
