@@ -142,7 +142,7 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
 def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advantages: torch.Tensor, cfg: Config):
     """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences."""
     model, tc = policy.model, cfg.train
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
     sums: dict[str, float] = {}
     n_micro = 0
@@ -248,9 +248,14 @@ def print_samples(rows: list[dict], n: int, step: int) -> None:
     picks = [r for r in rows if r["reward"] > 0][:1] + [r for r in rows if r["reward"] == 0][:1]
     for row in picks[:n]:
         print(f"\n--- step {step} sample: {row['task_id']} reward={row['reward']} labels={row['labels']}")
-        for m in row["messages"]:
+        for m, shown in zip(row["messages"], _sample_lengths(row["messages"]), strict=True):
             text = str(m.get("content", ""))
-            print(f"[{m['role']}] {text[:400]}{' ...' if len(text) > 400 else ''}")
+            print(f"[{m['role']}] {text[:shown]}{f' ... ({len(text)} chars)' if len(text) > shown else ''}")
+
+
+def _sample_lengths(messages: list[dict]) -> list[int]:
+    """How much of each message to print: the model's own words in full, the long prompt parts short."""
+    return [2000 if m["role"] == "assistant" else 160 if m["role"] == "system" else 300 for m in messages]
 
 
 def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: Path, tag: str) -> dict:
@@ -286,8 +291,7 @@ def train(cfg: Config, resume: bool = False):
     policy = load_policy(cfg)
     # optional small-model refinement of ambiguous failures (diagnosis.small_model; off by default)
     judge = judge_from_config(cfg.diagnosis, policy.model, policy.tokenizer) if cfg.train.diagnose else None
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     warmup = max(cfg.train.warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / (warmup + 1)))
 
