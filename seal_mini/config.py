@@ -119,7 +119,12 @@ class LoraConfig:
     def validate(self, key: str) -> None:
         _check(self.rank > 0, f"{key}.rank", "must be > 0 (e.g. 16)")
         _check(self.alpha > 0, f"{key}.alpha", "must be > 0 (e.g. 2 * rank)")
-        _check(0.0 <= self.dropout < 1.0, f"{key}.dropout", "must be in [0, 1)")
+        _check(
+            self.dropout == 0.0,
+            f"{key}.dropout",
+            "must be 0: with dropout the training forward no longer reproduces the sampling-time log-probs "
+            "that serve as the old policy, and resumed runs stop being exact",
+        )
         _check(len(self.target_modules) > 0, f"{key}.target_modules", "must name at least one module")
 
 
@@ -365,6 +370,16 @@ class Config:
 
     def validate(self) -> None:
         _check(bool(self.name), "name", "must not be empty")
+        _check(
+            self.train.diagnose or not self.train.reweight,
+            "train.reweight",
+            "needs train.diagnose: true (the weights come from the diagnosis); set reweight: false too",
+        )
+        _check(
+            self.train.diagnose or not (self.interface.enabled and self.interface.closed_loop),
+            "interface.closed_loop",
+            "needs train.diagnose: true (Evolve reads the failure profile); disable the interface or set closed_loop: false",
+        )
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

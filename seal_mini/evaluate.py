@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,7 +19,7 @@ from seal_mini.bfcl import Task
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
 from seal_mini.env import TURN_LIMIT, Episode
 from seal_mini.oracle import POLICIES, scripted_messages
-from seal_mini.runio import read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -80,18 +81,33 @@ def success_table(rows: list[dict]) -> dict[str, float]:
 
 
 def evaluate(
-    agent, tasks: list[Task], cfg: Config, out_dir: Path, tag: str, progress: bool = True, chunk_size: int = CHUNK
+    agent,
+    tasks: list[Task],
+    cfg: Config,
+    out_dir: Path,
+    tag: str,
+    progress: bool = True,
+    chunk_size: int = CHUNK,
+    source: str = "",
 ) -> dict:
-    """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories."""
+    """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories.
+
+    `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
+    only by an evaluation with the same policy, source and tasks."""
     from seal_mini.diagnose import diagnose
     from seal_mini.verifier import check
 
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
+    identity = {"policy": agent.name, "source": source, "task_ids": [t.id for t in tasks]}
+    if partial.exists() and (
+        not (partial / "identity.json").exists() or read_json(partial / "identity.json") != identity
+    ):
+        shutil.rmtree(partial)  # pieces of another policy's evaluation: not ours to reuse
+    write_json(partial / "identity.json", identity)
     done_rows = []
-    if partial.exists():  # resume: keep the pieces already finished
-        for piece in sorted(partial.glob("*.jsonl.gz")):
-            done_rows += read_jsonl_gz(piece)
+    for piece in sorted(partial.glob("*.jsonl.gz")):  # resume: keep the pieces already finished
+        done_rows += read_jsonl_gz(piece)
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
     from tqdm import tqdm
@@ -125,6 +141,7 @@ def evaluate(
     result = {
         "tag": tag,
         "policy": agent.name,
+        "source": source,
         "n_tasks": len(rows),
         "success": success_table(rows),
         "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
@@ -133,10 +150,7 @@ def evaluate(
     }
     write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
     write_json(out_dir / f"{tag}.json", result)
-    if partial.exists():
-        import shutil
-
-        shutil.rmtree(partial)
+    shutil.rmtree(partial)
     return result
 
 
@@ -183,7 +197,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--adapter", help="a trained adapter folder (e.g. runs/NAME/adapter)")
     parser.add_argument("--scripted", help="evaluate a scripted policy instead of a model: " + ", ".join(POLICIES))
     parser.add_argument("--ids", help="a JSON list of task ids instead of the split")
-    parser.add_argument("--tag", default="", help="name of the result files (default: base / adapter / scripted)")
+    parser.add_argument(
+        "--tag", default="", help="name of the result files (default: eval_base / eval_adapter / the scripted policy)"
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.recipe, args.overrides)
     tasks = eval_tasks(cfg, args.ids)
@@ -200,10 +216,12 @@ def main(argv: list[str]) -> int:
             cfg.lora.adapter_path = args.adapter
         policy = load_policy(cfg)
         if cfg.eval.base_model or not args.adapter:
-            results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, args.tag or "base"))
+            tag = args.tag or "eval_base"
+            results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, tag, source="base"))
         if args.adapter:
-            tag = f"{args.tag}_adapter" if args.tag else "adapter"
-            results.append(evaluate(ModelAgent(policy, cfg, adapter=True), tasks, cfg, out_dir, tag))
+            tag = f"{args.tag}_adapter" if args.tag else "eval_adapter"
+            adapter = ModelAgent(policy, cfg, adapter=True)
+            results.append(evaluate(adapter, tasks, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
     for result in results:
         print_table(result)
     print(json.dumps({r["tag"]: r["success"] for r in results}))

@@ -120,7 +120,7 @@ def ema_rho(
     for z, base in rho_base.items():
         entry = profile.get(z)
         boost = 0.0
-        if entry is not None:
+        if entry is not None and entry["count"] > 0:  # absent labels (success_rate None) do not move
             missing = [k for k in PROFILE_KEYS if k not in entry]
             assert not missing, f"profile entry {z!r} lacks {missing}"
             confidence = min(1.0, entry["count"] / count_scale)  # few sightings move rho little

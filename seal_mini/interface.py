@@ -201,6 +201,7 @@ def select_guidelines(profile: dict, cfg: InterfaceConfig) -> tuple[list[str], d
         entry = _entry(profile, label)
         if (
             entry
+            and entry["count"] > 0
             and entry["count"] >= cfg.min_count
             and entry["prevalence"] >= cfg.min_prevalence
             and entry["success_rate"] < cfg.max_success

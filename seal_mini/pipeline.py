@@ -44,11 +44,13 @@ def main(argv: list[str]) -> int:
     for tag, adapter in [("base", False), ("adapter", True)]:
         if tag == "base" and not cfg.eval.base_model:
             continue
+        source = f"{run_dir.name}: {'adapter after ' + str(cfg.train.steps) + ' steps' if adapter else 'backbone'}"
         done = run_dir / "eval" / f"{tag}.json"
-        if done.exists() and read_json(done)["n_tasks"] == len(tasks):  # finished before a stop: keep it
+        if done.exists() and read_json(done).get("source") == source:  # finished before a stop: keep it
             results.append(read_json(done))
             continue
-        results.append(evaluate(ModelAgent(policy, cfg, adapter=adapter), tasks, cfg, run_dir / "eval", tag))
+        agent = ModelAgent(policy, cfg, adapter=adapter)
+        results.append(evaluate(agent, tasks, cfg, run_dir / "eval", tag, source=source))
     for result in results:
         print_table(result)
     report = build_report([run_dir], run_dir / "report")

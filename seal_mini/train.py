@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shutil
 import sys
@@ -144,8 +143,10 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
     model, tc = policy.model, cfg.train
     params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
+    # policy_loss divides every micro-batch by its mini-batch's token count, so metric sums over one
+    # mini-batch are that mini-batch's means; averaging over the optimizer steps gives the round's.
     sums: dict[str, float] = {}
-    n_micro = 0
+    steps = 0
     model.train()
     for start in range(0, len(trajectories), per_mini):
         # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
@@ -168,15 +169,15 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
             loss.backward()
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-            n_micro += 1
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm) * (len(mini) / per_mini)
+        sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm)
+        steps += 1
     model.eval()
-    out = {k: v / max(n_micro, 1) for k, v in sums.items() if k != "losses/grad_norm"}
-    out["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) / max(math.ceil(len(trajectories) / per_mini), 1)
+    out = {k: (v if k == "losses/tokens" else v / max(steps, 1)) for k, v in sums.items()}
+    out["losses/optimizer_steps"] = steps
     out["losses/lr"] = scheduler.get_last_lr()[0]
     return out
 
@@ -263,7 +264,7 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: 
     from seal_mini.evaluate import ModelAgent, evaluate
 
     tasks = pick(eval_ids, cfg.data.max_eval_tasks)
-    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag)
+    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag, source=f"{run_dir.name} {tag}")
     return {f"eval/{k}": v for k, v in result["success"].items()}
 
 
@@ -279,6 +280,13 @@ def train(cfg: Config, resume: bool = False):
             f"{run_dir} already holds a training run; continue it with `train --resume {run_dir}` "
             "or pick another name (name=...)"
         )
+    if checkpoint is None:  # a fresh start: files of an attempt stopped before its first checkpoint go
+        for leftover in ("metrics.jsonl", "rounds", "trajectories", "eval", "adapter", "report"):
+            path = run_dir / leftover
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_yaml(run_dir / "config.yaml", cfg.to_dict())
     split = load_split(cfg)
@@ -397,7 +405,11 @@ def train(cfg: Config, resume: bool = False):
             f"loss {row.get('losses/loss', float('nan')):.4f} kl {row.get('losses/kl_ref', 0.0):.4f} "
             f"weights {row['weights/mean']:.2f} ({t_rollout:.0f}s rollout, {t_update:.0f}s update)"
         )
-    save_adapter(policy, run_dir / "adapter")
+    tmp = run_dir / "adapter.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save_adapter(policy, tmp)
+    swap_in_dir(tmp, run_dir / "adapter")
     return run_dir, policy
 
 

@@ -39,6 +39,8 @@ def test_recipe_base_chain_and_partial_rho(tmp_path):
         ("data.categories=[base, web]", "data.categories: unknown category 'web'"),
         ("train.mini_batch_tasks=5", "train.mini_batch_tasks: must divide tasks_per_step"),
         ("steps", "expected key.sub=value"),
+        ("train.diagnose=false", "train.reweight: needs train.diagnose"),
+        ("lora.dropout=0.1", "lora.dropout: must be 0"),
     ],
 )
 def test_bad_values_name_the_key(override, key):

@@ -258,3 +258,14 @@ def test_policy_loss_checks_shapes():
         policy_loss(logp, old, None, adv[:2], mask, 0.2, 0.0)
     with pytest.raises(AssertionError, match="ref_logprobs"):
         policy_loss(logp, old, None, adv, mask, 0.2, 0.01)
+
+
+def test_ema_rho_takes_the_diagnosers_profile_with_absent_labels():
+    from seal_mini.diagnose import failure_profile
+
+    profile = failure_profile([["pass", "state_mismatch"], ["pass", "pass"]], [0.0, 1.0])
+    assert profile["spurious_tool_call"]["success_rate"] is None  # absent labels carry no success rate
+    rho, _ = ema_rho(DEFAULT_RHO, None, profile)
+    assert rho["spurious_tool_call"] == DEFAULT_RHO["spurious_tool_call"]
+    # state_mismatch: 1 of 4 turns, success 0, count 1 -> target 1.0 * (1 + 0.25 * 1 * 1/32)
+    assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * (1 + 0.25 / 32))
