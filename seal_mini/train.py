@@ -65,6 +65,8 @@ class LoopState:
     """Omega_t: the cues the next round trains with."""
     rho: dict[str, float] = field(default_factory=dict)
     """The utility table (moves only with diagnosis.rho_update: ema)."""
+    profile: dict = field(default_factory=dict)
+    """C_t of the last finished round (what Omega_t and rho were last evolved from)."""
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -200,7 +202,12 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
     torch.save(rng_states(), tmp / "rng.pt")
     write_json(
         tmp / "state.json",
-        {"step": state.step, "interface": state.interface.to_dict() if state.interface else None, "rho": state.rho},
+        {
+            "step": state.step,
+            "interface": state.interface.to_dict() if state.interface else None,
+            "rho": state.rho,
+            "profile": state.profile,
+        },
     )
     swap_in_dir(tmp, run_dir / "checkpoint")
 
@@ -219,7 +226,7 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler) -> LoopState:
     torch.set_rng_state(rng["torch"])
     saved = read_json(path / "state.json")
     interface = InterfaceState.from_dict(saved["interface"]) if saved["interface"] else None
-    return LoopState(step=saved["step"], interface=interface, rho=saved["rho"])
+    return LoopState(step=saved["step"], interface=interface, rho=saved["rho"], profile=saved["profile"])
 
 
 # --- logging helpers --------------------------------------------------------------------------------
@@ -393,7 +400,7 @@ def train(cfg: Config, resume: bool = False):
         print_samples(rows, cfg.train.print_samples, step)
 
         # 8. held-in evaluation (bare benchmark, no interface) and checkpoint
-        state.step = step + 1
+        state.step, state.profile = step + 1, profile
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < cfg.train.steps:
             row.update(evaluate_during_training(policy, cfg, split["eval"], run_dir, f"step_{state.step:04d}"))
         metrics_rows.append(row)
