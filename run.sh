@@ -14,15 +14,16 @@ setup() {
   # Re-install only when a requirements file changed since the last successful setup.
   local stamp="$VENV/.seal_mini_setup"
   local want
-  want=$(cat requirements*.txt | sha256sum | cut -c1-16)
+  want=$( (cat requirements*.txt; echo "unsloth=${SEAL_MINI_UNSLOTH:-}") | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   echo "[run.sh] setting up $VENV (first run takes a few minutes)"
   [ -x "$PY" ] || python3 -m venv "$VENV"
   "$PY" -m pip install -q --upgrade pip
   "$PY" -m pip install -q -r requirements.txt -r requirements-dev.txt
   "$PY" -m pip install -q --no-deps -r requirements-nodeps.txt
-  if has_gpu && [ -z "${SEAL_MINI_NO_UNSLOTH:-}" ]; then
-    echo "[run.sh] CUDA GPU found: installing the optional unsloth extra (requirements-gpu.txt)"
+  # unsloth is opt-in (model.backend: unsloth, experimental): SEAL_MINI_UNSLOTH=1 bash run.sh ...
+  if has_gpu && [ -n "${SEAL_MINI_UNSLOTH:-}" ]; then
+    echo "[run.sh] CUDA GPU found and SEAL_MINI_UNSLOTH set: installing the unsloth extra (requirements-gpu.txt)"
     "$PY" -m pip install -q -r requirements-gpu.txt -c requirements.txt \
       || echo "[run.sh] unsloth did not install; the hf backend (bitsandbytes + peft) will be used"
   fi

@@ -70,7 +70,7 @@ class ModelConfig:
     name: str = "Qwen/Qwen2.5-3B-Instruct"
     """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU)."""
     backend: str = "auto"
-    """auto (unsloth on a CUDA GPU when installed, else hf) | unsloth | hf."""
+    """auto (= hf for now) | unsloth (experimental: the rollout engine refuses it) | hf."""
     load_in_4bit: bool = True
     """QLoRA: 4-bit NF4 base weights via bitsandbytes (or unsloth). Ignored for tiny-random."""
     dtype: str = "bfloat16"

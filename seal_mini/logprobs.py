@@ -43,7 +43,9 @@ def token_logprobs_and_entropy(
     # when they were sampled.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     decoder = lm.get_decoder()
-    hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    hidden = decoder(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
     # hidden: (B, T, H)
     head = lm.get_output_embeddings()
     rows, cols = loss_mask.nonzero(as_tuple=True)  # (N,), (N,): the tokens to score

@@ -5,7 +5,7 @@ One function, `load_policy(cfg)`, picks how (`model.backend`):
            (requirements-gpu.txt). Imported only here, only when chosen.
   hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
            precision on CPU unless model.cpu_4bit.
-  auto     unsloth where a CUDA GPU and unsloth are both present, else hf.
+  auto     hf, for now: unsloth's patched forward does not fit the rollout engine's KV cache.
 The reference policy of the KL term is the same model with the adapter switched off
 (`policy.reference()`), so there is never a second copy of the weights in memory.
 """
@@ -69,14 +69,17 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     has_unsloth = importlib.util.find_spec("unsloth") is not None
     special = cfg.model.name == TINY or bool(cfg.model.gguf_file)
     if wanted == "auto":
-        return "unsloth" if device.type == "cuda" and has_unsloth and not special else "hf"
+        # unsloth replaces the model's forward with an inference path that returns a new KV cache
+        # instead of growing the one it is given, which the rollout engine relies on; until that is
+        # bridged and checked on a GPU, auto means transformers + bitsandbytes + peft.
+        return "hf"
     if wanted == "unsloth":
         if device.type != "cuda":
             raise ConfigError("model.backend: unsloth needs a CUDA GPU; use model.backend=hf on CPU")
         if not has_unsloth:
             raise ConfigError(
                 "model.backend: unsloth is not installed; pip install -r requirements-gpu.txt -c requirements.txt "
-                "(bash run.sh does this where a GPU is present) or use model.backend=hf"
+                "(SEAL_MINI_UNSLOTH=1 bash run.sh does this where a GPU is present) or use model.backend=hf"
             )
         if special:
             raise ConfigError("model.backend: unsloth cannot load tiny-random or GGUF models; use model.backend=hf")

@@ -168,6 +168,7 @@ def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
     if cfg.kv_budget_gb:
         budget = cfg.kv_budget_gb * 2**30
     elif policy.device.type == "cuda":
+        torch.cuda.empty_cache()  # memory the allocator still holds from the last update counts as free
         budget = torch.cuda.mem_get_info(policy.device)[0] / 2
     else:
         budget = 2 * 2**30
@@ -570,7 +571,14 @@ class _Engine:
 
 
 def _check_cache_layout(model) -> None:
-    config = _causal_lm(model).config
+    lm = _causal_lm(model)
+    forwards = [type(m).forward for m in (lm, getattr(lm, "model", None)) if m is not None]
+    if any("unsloth" in (getattr(f, "__module__", "") or "") for f in forwards):
+        raise ConfigError(
+            "model.backend: unsloth's patched forward returns a new KV cache instead of growing the one the "
+            "rollout engine passes; use model.backend=hf (bitsandbytes 4-bit + peft) for now"
+        )
+    config = lm.config
     types = getattr(config.get_text_config(), "layer_types", None) or []
     if any(t != "full_attention" for t in types):
         raise ConfigError(

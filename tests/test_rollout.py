@@ -17,7 +17,7 @@ import torch
 
 from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
 from seal_mini.chat import ChatRenderer
-from seal_mini.config import load_config
+from seal_mini.config import ConfigError, load_config
 from seal_mini.env import TRUNCATED, Episode
 from seal_mini.logprobs import token_logprobs
 from seal_mini.oracle import ground_truth_turns, scripted_messages
@@ -257,3 +257,19 @@ def test_any_env_with_the_protocol_and_a_template_that_strips_whitespace(policy)
     assert text.count("<|im_start|>assistant\n") == 3 and "<|im_start|>tool\nok<|im_end|>" in text
     squeeze = lambda t: t.replace(" ", "").replace("\n", "")  # noqa: E731
     assert squeeze(text) == squeeze(rendered_text(stripping, traj)) and text != rendered_text(stripping, traj)
+
+
+def test_engine_refuses_an_unsloth_patched_model(monkeypatch):
+    """unsloth's forward returns a fresh KV cache instead of growing the engine's: refuse it clearly."""
+    from seal_mini.rollout import _causal_lm, _check_cache_layout
+
+    policy = load_policy(load_config(None, ["model.name=tiny-random", "device=cpu"]))
+    decoder_class = type(_causal_lm(policy.model).model)
+
+    def patched_forward(self, *args, **kwargs):  # stands in for unsloth's fast forward
+        raise AssertionError("never called")
+
+    patched_forward.__module__ = "unsloth.models.llama"
+    monkeypatch.setattr(decoder_class, "forward", patched_forward)
+    with pytest.raises(ConfigError, match="use model.backend=hf"):
+        _check_cache_layout(policy.model)
