@@ -14,17 +14,22 @@ from seal_mini.runio import read_json, read_jsonl_gz, read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("runs")
+def run_smoke(out_dir: Path) -> subprocess.CompletedProcess:
+    """`python -m seal_mini pipeline recipes/cpu_smoke.yaml` into out_dir, as run.sh runs it."""
     proc = subprocess.run(
-        [sys.executable, "-m", "seal_mini", "pipeline", "recipes/cpu_smoke.yaml", f"out_dir={out}"],
+        [sys.executable, "-m", "seal_mini", "pipeline", "recipes/cpu_smoke.yaml", f"out_dir={out_dir}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    proc = run_smoke(tmp_path_factory.mktemp("runs"))
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     return Path(summary["run_dir"]), Path(summary["report"]), proc.stdout
 
@@ -93,12 +98,5 @@ def test_run_directory_holds_what_a_report_needs(smoke_run):
     assert (run_dir / "eval" / "step_0002.json").exists()  # the periodic held-in evaluation
     assert "[pipeline] report:" in stdout
     # rerunning the same command finds the finished run and redoes no training step
-    proc = subprocess.run(
-        [sys.executable, "-m", "seal_mini", "pipeline", "recipes/cpu_smoke.yaml", f"out_dir={run_dir.parent}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_smoke(run_dir.parent)
     assert "continuing that run" in proc.stdout and "[train] step" not in proc.stdout
