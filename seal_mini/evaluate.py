@@ -17,8 +17,8 @@ from pathlib import Path
 
 from seal_mini.bfcl import Task
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
-from seal_mini.env import TURN_LIMIT, Episode
-from seal_mini.oracle import POLICIES, scripted_messages
+from seal_mini.env import Episode
+from seal_mini.oracle import POLICIES, play
 from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
 
 CHUNK = 32
@@ -53,20 +53,9 @@ class ScriptedAgent:
         self.mode, self.name = mode, f"scripted:{mode}"
 
     def run(self, envs: list) -> list[dict]:
-        out = []
-        for env in envs:
-            messages, _ = env.reset()
-            for turn_calls in POLICIES[self.mode](env.task):
-                for text in scripted_messages(turn_calls):
-                    messages.append({"role": "assistant", "content": text})
-                    result = env.step(text)
-                    messages += result.observation
-                    if result.turn_done:
-                        break
-                if env.done:
-                    break
-            out.append({"messages": messages, "truncated": False, "n_sampled": 0})
-        return out
+        return [
+            {"messages": play(env, POLICIES[self.mode](env.task)), "truncated": False, "n_sampled": 0} for env in envs
+        ]
 
 
 def success_table(rows: list[dict]) -> dict[str, float]:
@@ -95,7 +84,7 @@ def evaluate(
     `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
     only by an evaluation with the same policy, source and tasks."""
     from seal_mini.diagnose import diagnose
-    from seal_mini.verifier import check
+    from seal_mini.verifier import check_episode
 
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
@@ -119,7 +108,7 @@ def evaluate(
         records = agent.run(envs)
         rows = []
         for task, env, record in zip(chunk, envs, records, strict=True):
-            verdict = check(task, env.checker_input(), forced_quit=env.ended_by == TURN_LIMIT)
+            verdict = check_episode(env)
             rows.append(
                 {
                     "task_id": task.id,

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 from seal_mini.bfcl import Task, load_tasks
 from seal_mini.config import CATEGORIES
-from seal_mini.env import TURN_LIMIT, Episode, new_instances, public_methods
+from seal_mini.env import Episode, new_instances, public_methods
 from seal_mini.toolcalls import format_call
-from seal_mini.verifier import check
+from seal_mini.verifier import check_episode
 
 DONE_TEXT = "Done."
 
@@ -55,19 +55,26 @@ def scripted_messages(turn_calls: list[tuple[str, dict]]) -> list[str]:
     return ([calls] if calls else []) + [DONE_TEXT]
 
 
+def play(env, turns: list[list[tuple[str, dict]]]) -> list[dict]:
+    """Reset an episode and drive it with scripted assistant messages; returns the conversation."""
+    messages, _ = env.reset()
+    for turn_calls in turns:
+        for text in scripted_messages(turn_calls):
+            messages.append({"role": "assistant", "content": text})
+            result = env.step(text)
+            messages += result.observation
+            if result.turn_done:
+                break
+        if env.done:
+            break
+    return messages
+
+
 def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[Episode, float]:
     """Drive an episode with scripted assistant messages; returns it and its reward."""
     episode = Episode(task, **limits)
-    episode.reset()
-    for turn_calls in turns:
-        for text in scripted_messages(turn_calls):
-            result = episode.step(text)
-            if result.done:
-                break
-        if episode.done:
-            break
-    verdict = check(task, episode.checker_input(), forced_quit=episode.ended_by == TURN_LIMIT)
-    return episode, verdict.reward
+    play(episode, turns)
+    return episode, check_episode(episode).reward
 
 
 POLICIES: dict[str, Callable[[Task], list]] = {

@@ -34,7 +34,7 @@ import torch
 from seal_mini.bfcl import Task, make_split, read_split_file, tasks_by_id
 from seal_mini.config import Config, ConfigError, config_from_dict, load_config
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
-from seal_mini.env import TURN_LIMIT, Episode
+from seal_mini.env import Episode
 from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
 from seal_mini.interface import Interface, InterfaceState, evolve, initial_state
 from seal_mini.judge import judge_from_config
@@ -52,7 +52,7 @@ from seal_mini.runio import (
     write_metrics,
     write_yaml,
 )
-from seal_mini.verifier import check
+from seal_mini.verifier import check_episode
 
 
 @dataclass
@@ -118,7 +118,7 @@ def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
 
 def score(envs: list) -> list:
     """The official checker's verdict on every finished episode."""
-    return [check(env.task, env.checker_input(), forced_quit=env.ended_by == TURN_LIMIT) for env in envs]
+    return [check_episode(env) for env in envs]
 
 
 # --- the update -----------------------------------------------------------------------------------

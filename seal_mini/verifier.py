@@ -68,3 +68,10 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     if "details" in result and "missing_items" in result["details"]:
         details["missing_items"] = [str(m)[:500] for m in result["details"]["missing_items"]]
     return Verdict(0.0, result.get("error_type", ""), _failed_turn(result), details)
+
+
+def check_episode(episode) -> Verdict:
+    """The verdict on a finished episode (or interface wrapper): its records, and BFCL's force quit."""
+    from seal_mini.env import TURN_LIMIT
+
+    return check(episode.task, episode.checker_input(), forced_quit=episode.ended_by == TURN_LIMIT)
