@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, ConfigError
+from seal_mini.config import CATEGORIES, Config, ConfigError
 
 # bfcl-eval writes lock files under BFCL_PROJECT_ROOT (next to site-packages by default); point it at
 # a scratch folder before the package is first imported.
@@ -193,3 +193,29 @@ def read_split_file(path: str | Path) -> dict[str, list[str]]:
     if overlap:
         raise ConfigError(f"data.split_file: ids on both sides: {sorted(overlap)[:5]}")
     return {"train": list(split["train"]), "eval": list(split["eval"])}
+
+
+def load_split(cfg: Config) -> dict[str, list[str]]:
+    """The run's train / eval ids: an explicit id file, or the seeded split by base-task index."""
+    if cfg.data.split_file:
+        split = read_split_file(cfg.data.split_file)
+    else:
+        split = make_split(cfg.data.train_per_category, cfg.data.split_seed, cfg.data.categories)
+    keep = tuple(f"multi_turn_{c}_" for c in cfg.data.categories)
+    return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
+
+
+def pick(ids: list[str], limit: int) -> list[Task]:
+    """Tasks for ids; with a limit, spread it over the categories (first N indices of each)."""
+    by_id = tasks_by_id()
+    tasks = [by_id[i] for i in ids]
+    if not limit:
+        return tasks
+    per_category: dict[str, list[Task]] = {}
+    for t in tasks:
+        per_category.setdefault(t.category, []).append(t)
+    out, k = [], 0
+    while len(out) < limit and any(k < len(v) for v in per_category.values()):
+        out += [v[k] for v in per_category.values() if k < len(v)]
+        k += 1
+    return out[:limit]

@@ -153,7 +153,7 @@ def _label_counts(rows: list[dict]) -> dict[str, int]:
 
 def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
     """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
-    from seal_mini.train import load_split, pick
+    from seal_mini.bfcl import load_split, pick
 
     if ids_file:
         path = Path(ids_file)

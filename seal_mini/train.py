@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from seal_mini.bfcl import Task, make_split, read_split_file, tasks_by_id
+from seal_mini.bfcl import Task, load_split, pick
 from seal_mini.config import Config, ConfigError, config_from_dict, load_config
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.env import Episode
@@ -70,32 +70,6 @@ class LoopState:
 
 
 # --- data ---------------------------------------------------------------------------------------
-
-
-def load_split(cfg: Config) -> dict[str, list[str]]:
-    """The run's train / eval ids: an explicit id file, or the seeded split by base-task index."""
-    if cfg.data.split_file:
-        split = read_split_file(cfg.data.split_file)
-    else:
-        split = make_split(cfg.data.train_per_category, cfg.data.split_seed, cfg.data.categories)
-    keep = tuple(f"multi_turn_{c}_" for c in cfg.data.categories)
-    return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
-
-
-def pick(ids: list[str], limit: int) -> list[Task]:
-    """Tasks for ids; with a limit, spread it over the categories (first N indices of each)."""
-    by_id = tasks_by_id()
-    tasks = [by_id[i] for i in ids]
-    if not limit:
-        return tasks
-    per_category: dict[str, list[Task]] = {}
-    for t in tasks:
-        per_category.setdefault(t.category, []).append(t)
-    out, k = [], 0
-    while len(out) < limit and any(k < len(v) for v in per_category.values()):
-        out += [v[k] for v in per_category.values() if k < len(v)]
-        k += 1
-    return out[:limit]
 
 
 def tasks_for_step(tasks: list[Task], step: int, per_step: int, seed: int) -> list[Task]:

@@ -2,11 +2,11 @@
 
 import pytest
 
+from seal_mini.bfcl import load_split, pick
 from seal_mini.config import load_config
 from seal_mini.evaluate import ModelAgent, ScriptedAgent, evaluate, success_table
 from seal_mini.policy import load_policy
 from seal_mini.runio import read_json
-from seal_mini.train import load_split, pick
 
 CFG = load_config(
     overrides=["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", "env.max_calls_per_turn=2"]

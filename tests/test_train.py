@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from seal_mini import train as train_module
-from seal_mini.bfcl import tasks_by_id
+from seal_mini.bfcl import load_split, pick, tasks_by_id
 from seal_mini.config import ConfigError, load_config
 from seal_mini.grpo import group_advantages
 from seal_mini.policy import load_policy
@@ -28,8 +28,8 @@ def test_tasks_for_step_walks_seeded_epochs():
 
 
 def test_pick_spreads_a_limit_over_categories():
-    split = train_module.load_split(load_config())
-    picked = train_module.pick(split["train"], 8)
+    split = load_split(load_config())
+    picked = pick(split["train"], 8)
     assert [t.category for t in picked] == ["base", "miss_func", "miss_param", "long_context"] * 2
 
 
