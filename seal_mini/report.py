@@ -224,10 +224,11 @@ def plot_cues(run: dict, path: Path) -> bool:
     if not rounds or not cues:
         return False
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(cues)))
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(cues)))
     for i, cue in enumerate(cues):
         on = [r["step"] for r in rounds if cue in active_cues(r.get("interface_used"))]
         ax.scatter(on, [i] * len(on), marker="s", s=60)
+    ax.set_ylim(-0.5, len(cues) - 0.5)  # one row per cue, even when there is a single cue
     ax.set_yticks(range(len(cues)))
     ax.set_yticklabels(cues, fontsize=8)
     _step_axis(ax, [r["step"] for r in rounds])
