@@ -348,6 +348,67 @@ class EvalConfig:
         _check(self.split in ("eval", "train", "all"), f"{key}.split", "must be eval, train or all")
 
 
+OOD_SUITES = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2")
+MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
+TAU2_DOMAINS = ("retail", "airline", "telecom")
+
+
+@dataclass
+class OodConfig:
+    """Out-of-distribution evaluation (the paper's Table 2): suites never seen in training."""
+
+    suites: list[str] = field(default_factory=list)
+    """Suites the pipeline runs after the held-in evaluation: bfcl_v4_memory, bfcl_v4_web_search, tau2.
+    Empty = none. They need the optional extra: pip install -r requirements-ood.txt."""
+    memory_backends: list[str] = field(default_factory=lambda: list(MEMORY_BACKENDS))
+    """BFCL V4 memory back ends. vector runs only where embedding_model names a local folder."""
+    embedding_model: str = ""
+    """Local folder of the sentence-transformers model the vector back end embeds with (BFCL uses
+    all-MiniLM-L6-v2). Empty: the vector back end is skipped with a one-line reason."""
+    tau2_domains: list[str] = field(default_factory=lambda: list(TAU2_DOMAINS))
+    """tau2-bench domains: retail, airline, telecom."""
+    max_tasks: int = 0
+    """Tasks per memory back end / web-search set / tau2 domain; 0 = all of them."""
+    user_model: str = ""
+    """tau2 user simulator run in-process: a model name or local folder, loaded without adapter.
+    Empty = the backbone of the policy under test with its adapter disabled (no second copy)."""
+    user_api_base: str = ""
+    """Instead of in-process: an OpenAI-compatible endpoint on loopback (http://127.0.0.1:PORT/v1)
+    serving user_model. Any other host is refused."""
+    user_temperature: float = 0.0
+    """Sampling temperature of the user simulator (0 = greedy, reproducible)."""
+    tau2_max_steps: int = 30
+    """tau2 episode limit in messages (agent + user + tool), as tau2's orchestrator counts them."""
+
+    def validate(self, key: str) -> None:
+        for suite in self.suites:
+            _check(suite in OOD_SUITES, f"{key}.suites", f"unknown suite {suite!r}; choose from {list(OOD_SUITES)}")
+        for backend in self.memory_backends:
+            _check(
+                backend in MEMORY_BACKENDS,
+                f"{key}.memory_backends",
+                f"unknown back end {backend!r}; choose from {list(MEMORY_BACKENDS)}",
+            )
+        for domain in self.tau2_domains:
+            _check(
+                domain in TAU2_DOMAINS,
+                f"{key}.tau2_domains",
+                f"unknown domain {domain!r}; choose from {list(TAU2_DOMAINS)}",
+            )
+        _check(self.max_tasks >= 0, f"{key}.max_tasks", "must be >= 0 (0 = all)")
+        _check(self.user_temperature >= 0, f"{key}.user_temperature", "must be >= 0")
+        _check(self.tau2_max_steps >= 2, f"{key}.tau2_max_steps", "must be >= 2")
+        if self.user_api_base:
+            from urllib.parse import urlparse
+
+            host = urlparse(self.user_api_base).hostname or ""
+            _check(
+                host in ("127.0.0.1", "localhost", "::1"),
+                f"{key}.user_api_base",
+                f"host {host!r} is not loopback; serve the user simulator locally (http://127.0.0.1:PORT/v1)",
+            )
+
+
 @dataclass
 class Config:
     name: str = "run"
@@ -367,6 +428,7 @@ class Config:
     interface: InterfaceConfig = field(default_factory=InterfaceConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    ood: OodConfig = field(default_factory=OodConfig)
 
     def validate(self) -> None:
         _check(bool(self.name), "name", "must not be empty")
