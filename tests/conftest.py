@@ -6,3 +6,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from seal_mini.ood import loopback_only  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_network():
+    """Every test runs with connections and name lookups outside loopback refused (NetworkRefused)."""
+    with loopback_only():
+        yield
