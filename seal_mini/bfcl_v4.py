@@ -29,13 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.bfcl import Task, bfcl_root
-from seal_mini.config import Config, ConfigError
+from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
 from seal_mini.ood import loopback_only, require, suite_result
 from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
 
-SCENARIOS = ("customer", "student", "finance", "healthcare", "notetaker")
-"""BFCL's memory scenarios, in the order of its question file."""
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
 CHUNK = 32
 """Questions per saved piece of work."""
@@ -86,7 +84,7 @@ def _agentic_task(entry: dict, column: str, class_name: str, config: dict, answe
     return AgenticTask(task, column, scenario, answers)
 
 
-def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scenarios=SCENARIOS):
+def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scenarios=MEMORY_SCENARIOS):
     """(prerequisite conversations per scenario in chain order, questions) for one memory back end.
 
     With max_questions, questions are taken round-robin over the scenarios in file order, so a small
@@ -356,7 +354,6 @@ def evaluate_bfcl_v4(
     suite: str = "bfcl_v4_memory",
     source: str = "",
     progress: bool = True,
-    scenarios: tuple[str, ...] = SCENARIOS,
     run_prereqs: bool = True,
 ) -> dict:
     """Score `agent` on a BFCL V4 agentic suite; writes <out_dir>/<tag>.json and its trajectories.
@@ -366,8 +363,6 @@ def evaluate_bfcl_v4(
     if suite not in ("bfcl_v4_memory", "bfcl_v4_web_search"):
         raise ConfigError(f"--suite {suite}: expected bfcl_v4_memory or bfcl_v4_web_search")
     columns, skipped = suite_columns(suite, cfg)
-    for reason_column, reason in skipped.items():
-        print(f"[{suite}] {reason_column} skipped: {reason}")
     out_dir = Path(out_dir)
     partial, snapshots = out_dir / f"{tag}.partial", out_dir / f"{tag}.memory"
     identity = {
@@ -375,7 +370,7 @@ def evaluate_bfcl_v4(
         "source": source,
         "suite": suite,
         "columns": columns,
-        "scenarios": list(scenarios),
+        "scenarios": cfg.ood.memory_scenarios,
         "max_tasks": cfg.ood.max_tasks,
         "prereqs": run_prereqs,
     }
@@ -392,7 +387,9 @@ def evaluate_bfcl_v4(
         for column in columns:
             _import_backend(column, cfg)
             if suite == "bfcl_v4_memory":
-                chains, questions = memory_tasks(column, snapshots / column, cfg.ood.max_tasks, scenarios)
+                chains, questions = memory_tasks(
+                    column, snapshots / column, cfg.ood.max_tasks, cfg.ood.memory_scenarios
+                )
                 prereq_rows += _run_chains(agent, cfg, chains, partial / f"{column}.prereq.jsonl.gz", run_prereqs)
             else:
                 questions = web_search_tasks(column, cfg.ood.max_tasks)

@@ -350,6 +350,7 @@ class EvalConfig:
 
 OOD_SUITES = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2")
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
+MEMORY_SCENARIOS = ("customer", "student", "finance", "healthcare", "notetaker")
 TAU2_DOMAINS = ("retail", "airline", "telecom")
 
 
@@ -362,6 +363,9 @@ class OodConfig:
     Empty = none. They need the optional extra: pip install -r requirements-ood.txt."""
     memory_backends: list[str] = field(default_factory=lambda: list(MEMORY_BACKENDS))
     """BFCL V4 memory back ends. vector runs only where embedding_model names a local folder."""
+    memory_scenarios: list[str] = field(default_factory=lambda: list(MEMORY_SCENARIOS))
+    """BFCL V4 memory scenarios to draw questions from (each brings its chain of prerequisite
+    conversations: customer and student have about 110 user turns, notetaker 24)."""
     embedding_model: str = ""
     """Local folder of the sentence-transformers model the vector back end embeds with (BFCL uses
     all-MiniLM-L6-v2). Empty: the vector back end is skipped with a one-line reason."""
@@ -389,6 +393,13 @@ class OodConfig:
                 f"{key}.memory_backends",
                 f"unknown back end {backend!r}; choose from {list(MEMORY_BACKENDS)}",
             )
+        for scenario in self.memory_scenarios:
+            _check(
+                scenario in MEMORY_SCENARIOS,
+                f"{key}.memory_scenarios",
+                f"unknown scenario {scenario!r}; choose from {list(MEMORY_SCENARIOS)}",
+            )
+        _check(bool(self.memory_scenarios), f"{key}.memory_scenarios", "must name at least one scenario")
         for domain in self.tau2_domains:
             _check(
                 domain in TAU2_DOMAINS,

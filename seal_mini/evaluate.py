@@ -180,8 +180,12 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seal_mini eval", description="held-in BFCL V3 evaluation")
-    parser.add_argument("recipe", help="recipes/X.yaml (model, limits, split)")
+    from seal_mini.config import OOD_SUITES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m seal_mini eval", description="held-in BFCL V3 evaluation, or an out-of-distribution suite"
+    )
+    parser.add_argument("recipe", nargs="?", help="recipes/X.yaml (model, limits, split); default: built-in defaults")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     parser.add_argument("--adapter", help="a trained adapter folder (e.g. runs/NAME/adapter)")
     parser.add_argument("--scripted", help="evaluate a scripted policy instead of a model: " + ", ".join(POLICIES))
@@ -189,21 +193,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--tag", default="", help="name of the result files (default: eval_base / eval_adapter / the scripted policy)"
     )
+    parser.add_argument("--suite", choices=["bfcl_v3", *OOD_SUITES], default="bfcl_v3", help="what to evaluate on")
+    parser.add_argument(
+        "--domains", help="tau2: retail,airline,telecom; bfcl_v4_memory: kv,rec_sum,vector (default: the recipe's ood)"
+    )
     args = parser.parse_args(argv)
+    if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
+        args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     cfg = load_config(args.recipe, args.overrides)
+    if args.suite != "bfcl_v3":
+        return suite_main(args, cfg)
     tasks = eval_tasks(cfg, args.ids)
     out_dir = cfg.run_dir / "eval"
     results = []
     if args.scripted:
         results.append(evaluate(ScriptedAgent(args.scripted), tasks, cfg, out_dir, args.tag or args.scripted))
     else:
-        from seal_mini.policy import load_policy
-
-        if args.adapter:
-            if not Path(args.adapter).is_dir():
-                raise ConfigError(f"--adapter {args.adapter}: no such folder")
-            cfg.lora.adapter_path = args.adapter
-        policy = load_policy(cfg)
+        policy = load_policy_for(cfg, args.adapter)
         if cfg.eval.base_model or not args.adapter:
             tag = args.tag or "eval_base"
             results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, tag, source="base"))
@@ -214,6 +220,53 @@ def main(argv: list[str]) -> int:
     for result in results:
         print_table(result)
     print(json.dumps({r["tag"]: r["success"] for r in results}))
+    return 0
+
+
+def load_policy_for(cfg: Config, adapter: str | None):
+    """The recipe's model, with a trained adapter folder if one is given."""
+    from seal_mini.policy import load_policy
+
+    if adapter:
+        if not Path(adapter).is_dir():
+            raise ConfigError(f"--adapter {adapter}: no such folder")
+        cfg.lora.adapter_path = adapter
+    return load_policy(cfg)
+
+
+def suite_main(args, cfg: Config) -> int:
+    """`eval --suite S`: an out-of-distribution suite for the backbone, an adapter or a scripted policy."""
+    from seal_mini.ood import print_suite, run_suite, scripted_agent
+
+    suite = args.suite
+    if args.ids:
+        raise ConfigError(f"--ids applies to bfcl_v3 only; for {suite} use ood.max_tasks=N")
+    if args.domains:
+        names = [d.strip() for d in args.domains.split(",") if d.strip()]
+        if suite == "tau2":
+            cfg.ood.tau2_domains = names
+        elif suite == "bfcl_v4_memory":
+            cfg.ood.memory_backends = names
+        else:
+            raise ConfigError(f"--domains does not apply to {suite}")
+        cfg.validate()
+    out_dir = cfg.run_dir / "eval"
+    results = []
+    if args.scripted:
+        agent = scripted_agent(suite, args.scripted)
+        results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_scripted_{args.scripted}"))
+    else:
+        policy = load_policy_for(cfg, args.adapter)
+        if cfg.eval.base_model or not args.adapter:
+            agent = ModelAgent(policy, cfg, adapter=False)
+            results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_base", source="base"))
+        if args.adapter:
+            agent = ModelAgent(policy, cfg, adapter=True)
+            tag = f"{args.tag}_adapter" if args.tag else f"{suite}_adapter"
+            results.append(run_suite(suite, agent, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
+    for result in results:
+        print_suite(result)
+    print(json.dumps({r["tag"]: {"scores": r["scores"], "mean": r["mean"]} for r in results}))
     return 0
 
 

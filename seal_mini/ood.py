@@ -118,3 +118,33 @@ def suite_result(
         "skipped": dict(skipped),
         "mean": sum(scores.values()) / len(scores) if scores else None,
     }
+
+
+def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progress: bool = True) -> dict:
+    """Score `agent` on one suite (tau2 or a BFCL V4 suite); writes <out_dir>/<tag>.json."""
+    if suite == "tau2":
+        from seal_mini.tau2_eval import evaluate_tau2
+
+        return evaluate_tau2(agent, cfg, out_dir, tag, source=source, progress=progress)
+    from seal_mini.bfcl_v4 import evaluate_bfcl_v4
+
+    return evaluate_bfcl_v4(agent, cfg, out_dir, tag, suite=suite, source=source, progress=progress)
+
+
+def scripted_agent(suite: str, mode: str):
+    """A suite's scripted policy (replays of what the package ships, or empty answers)."""
+    if suite == "tau2":
+        from seal_mini.tau2_eval import Tau2ScriptedAgent
+
+        return Tau2ScriptedAgent(mode)
+    from seal_mini.bfcl_v4 import ScriptedAgenticAgent
+
+    return ScriptedAgenticAgent(mode)
+
+
+def print_suite(result: dict) -> None:
+    cells = " | ".join(f"{k} {100 * v:.2f}%" for k, v in result["scores"].items())
+    user = f", user: {result['user_simulator']}" if result.get("user_simulator") else ""
+    print(f"[eval] {result['tag']} ({result['policy']}{user}): {cells or 'nothing ran'}")
+    for column, reason in result["skipped"].items():
+        print(f"[eval] {result['tag']}: {column} skipped: {reason}")

@@ -3,7 +3,7 @@
     python -m seal_mini report RUN_DIR [RUN_DIR ...] [--out DIR]
 
 Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
-Table-3-style ablation table when several runs are given, held-in success over training steps,
+Table-2-style out-of-distribution result (BFCL V4 memory / web search, tau2 domains), the Table-3-style ablation table when several runs are given, held-in success over training steps,
 reward / KL / clip-fraction curves, the failure-label profile over steps, which interface cues were
 active when, and the distribution of diagnostic weights. Every number comes from eval/*.json,
 metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data says so.
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, LABELS, ConfigError
+from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
 from seal_mini.runio import atomic_write_text, read_json, read_jsonl_gz, read_metrics
 
 COLUMNS = [*CATEGORIES, "mean"]
@@ -84,6 +84,68 @@ def table_main(run: dict) -> str:
         )
     n = (trained or base)["n_tasks"]
     return head + " |\n".join(lines) + " |\n\n" + f"Success rate (%), {n} held-in tasks, bare benchmark, greedy.\n"
+
+
+def table_ood(run: dict) -> str:
+    """Table 2 layout: each out-of-distribution column (memory back end, web search set, tau2 domain)
+    and their average, backbone vs trained, from eval/<suite>_{base,adapter}.json."""
+    suites = [s for s in OOD_SUITES if f"{s}_base" in run["evals"] or f"{s}_adapter" in run["evals"]]
+    if not suites:
+        return "_No out-of-distribution evaluation in this run (ood.suites in the recipe)._\n"
+    rows = {}
+    for which in ("base", "adapter"):
+        scores = {}
+        for suite in suites:
+            result = run["evals"].get(f"{suite}_{which}")
+            for column, value in (result or {}).get("scores", {}).items():
+                scores[(suite, column)] = value
+        rows[which] = scores
+    columns = [(s, c) for s in suites for c in _suite_columns(run, s)]
+    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
+    head = "| policy | " + " | ".join(names) + " | average |\n|---|" + "---|" * (len(columns) + 1) + "\n"
+
+    def average(scores: dict) -> float | None:
+        values = [scores[k] for k in columns if k in scores]
+        return sum(values) / len(values) if values else None
+
+    lines = []
+    base, trained = rows["base"], rows["adapter"]
+    model = next((run["evals"][k]["policy"] for k in run["evals"] if k.endswith("_base") and k[:-5] in suites), "")
+    if base:
+        lines.append(
+            f"| backbone ({model}) | " + " | ".join(pct(base.get(k)) for k in columns) + f" | {pct(average(base))}"
+        )
+    if trained:
+        cells = " | ".join(pct(trained.get(k)) for k in columns)
+        lines.append(f"| + SEAL ({run['name']}) | {cells} | {pct(average(trained))}")
+    if base and trained:
+        cells = " | ".join(delta(trained.get(k), base.get(k)) for k in columns)
+        lines.append(f"| delta | {cells} | {delta(average(trained), average(base))}")
+    notes = []
+    for suite in suites:
+        result = run["evals"].get(f"{suite}_adapter") or run["evals"][f"{suite}_base"]
+        counts = ", ".join(f"{c} {n}" for c, n in result["total"].items())
+        notes.append(f"- {suite}: tasks per column: {counts or 'none'}.")
+        if result.get("user_simulator"):
+            notes.append(f"  User simulator: {result['user_simulator']}.")
+        for column, reason in result["skipped"].items():
+            notes.append(f"  {column} not run: {reason}.")
+    return (
+        head
+        + " |\n".join(lines)
+        + " |\n\nSuccess rate (%), greedy, each suite scored by its own package.\n"
+        + "\n".join(notes)
+        + "\n"
+    )
+
+
+def _suite_columns(run: dict, suite: str) -> list[str]:
+    columns = []
+    for which in ("base", "adapter"):
+        for column in (run["evals"].get(f"{suite}_{which}") or {}).get("total", {}):
+            if column not in columns:
+                columns.append(column)
+    return columns
 
 
 def table_ablation(runs: list[dict]) -> str:
@@ -303,6 +365,7 @@ def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
 
     parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n"]
     parts += ["## Result (Table 1 style)\n", table_main(main)]
+    parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
     if len(runs) > 1:
         parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
     parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]

@@ -17,6 +17,11 @@ def run(mode, tmp_path, tag=None, cfg=CFG, **kwargs):
     return evaluate_bfcl_v4(ScriptedAgenticAgent(mode), cfg, tmp_path, tag or mode, progress=False, **kwargs)
 
 
+NOTETAKER = load_config(
+    "recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv,rec_sum]", "ood.memory_scenarios=[notetaker]"]
+)
+
+
 def test_memory_data_as_bfcl_lays_it_out(tmp_path):
     chains, questions = memory_tasks("memory_kv", tmp_path)
     assert len(questions) == 155 and {q.scenario for q in questions} == set(chains)
@@ -42,8 +47,8 @@ def test_answer_replay_scores_100_and_empty_0_on_every_question(tmp_path):
 def test_memory_carries_facts_from_the_conversations_to_the_questions(tmp_path):
     """A policy that only stores what it hears and answers with what a search returns scores only
     through the back ends' own snapshots; without the conversations it scores nothing."""
-    with_memory = run("memorize", tmp_path, "with", scenarios=("notetaker",))
-    without = run("memorize", tmp_path, "without", scenarios=("notetaker",), run_prereqs=False)
+    with_memory = run("memorize", tmp_path, "with", cfg=NOTETAKER)
+    without = run("memorize", tmp_path, "without", cfg=NOTETAKER, run_prereqs=False)
     assert with_memory["total"] == {"memory_kv": 25, "memory_rec_sum": 25}
     assert with_memory["scores"]["memory_kv"] >= 0.2 and with_memory["scores"]["memory_rec_sum"] >= 0.4
     assert without["scores"] == {"memory_kv": 0.0, "memory_rec_sum": 0.0}
@@ -57,12 +62,11 @@ def test_a_model_runs_both_phases_through_the_rollout_engine(tmp_path):
     from seal_mini.policy import load_policy
 
     cfg = load_config(
-        "recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv]", "ood.max_tasks=2", "rollout.max_new_tokens=8"]
+        "recipes/cpu_smoke.yaml",
+        ["ood.memory_backends=[kv]", "ood.max_tasks=2", "ood.memory_scenarios=[notetaker]", "rollout.max_new_tokens=8"],
     )
     policy = load_policy(cfg)
-    result = evaluate_bfcl_v4(
-        ModelAgent(policy, cfg, adapter=False), cfg, tmp_path, "base", progress=False, scenarios=("notetaker",)
-    )
+    result = evaluate_bfcl_v4(ModelAgent(policy, cfg, adapter=False), cfg, tmp_path, "base", progress=False)
     assert result["total"] == {"memory_kv": 2} and 0.0 <= result["scores"]["memory_kv"] <= 1.0
     assert result["policy"] == "tiny-random" and result["user_simulator"] is None
     rows = read_jsonl_gz(tmp_path / "base.trajectories.jsonl.gz")

@@ -51,6 +51,7 @@ def test_every_section_is_filled(smoke_run):
     text = report.read_text()
     for section in [
         "## Result (Table 1 style)",
+        "## Out of distribution (Table 2 style)",
         "## Held-in success over training",
         "## Training curves",
         "## Failure-label profile",
@@ -71,6 +72,14 @@ def test_report_numbers_equal_the_run_files(smoke_run):
     result = table_rows(text, "| policy |")
     assert [float(c) for c in result[0][1:]] == [round(100 * base["success"][c], 2) for c in base["success"]]
     assert [float(c) for c in result[1][1:]] == [round(100 * adapter["success"][c], 2) for c in adapter["success"]]
+
+    # Table 2: the memory suite's columns and their average, backbone and trained, as in its files
+    ood = table_rows(text, "| policy | memory_kv | memory_rec_sum | average |")
+    for row, which in zip(ood[:2], ["base", "adapter"], strict=True):
+        suite = read_json(run_dir / "eval" / f"bfcl_v4_memory_{which}.json")
+        assert suite["total"] == {"memory_kv": 2, "memory_rec_sum": 2}
+        scores = [suite["scores"]["memory_kv"], suite["scores"]["memory_rec_sum"], suite["mean"]]
+        assert [float(c) for c in row[1:]] == [round(100 * v, 2) for v in scores]
 
     metrics = read_metrics(run_dir)
     assert len(metrics) == 4  # cpu_smoke trains 4 steps
@@ -97,6 +106,10 @@ def test_run_directory_holds_what_a_report_needs(smoke_run):
         assert (run_dir / name).exists(), name
     assert (run_dir / "eval" / "step_0002.json").exists()  # the periodic held-in evaluation
     assert "[pipeline] report:" in stdout
-    # rerunning the same command finds the finished run and redoes no training step
+    suite_file = run_dir / "eval" / "bfcl_v4_memory_adapter.json"
+    assert (run_dir / "eval" / "bfcl_v4_memory_adapter.memory").is_dir()  # the back ends' snapshots stay in the run
+    written = suite_file.stat().st_mtime_ns
+    # rerunning the same command finds the finished run and redoes no training step and no evaluation
     proc = run_smoke(run_dir.parent)
     assert "continuing that run" in proc.stdout and "[train] step" not in proc.stdout
+    assert suite_file.stat().st_mtime_ns == written
