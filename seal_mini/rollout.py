@@ -139,9 +139,14 @@ def sample_tokens(
         outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already reaches top_p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    if generator is not None and generator.device != probs.device:
-        probs = probs.to(generator.device)  # a CPU generator drives sampling on the CPU: same draws anywhere
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1).to(logits.device)
+    # Inverse-CDF sampling: R uniforms from the generator (a CPU one gives the same draws on any device)
+    # move to the logits' device, so the (R, V) probabilities never leave the GPU.
+    u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator else probs.device)
+    cdf = probs.double().cumsum(dim=-1)  # (R, V), float64 so the tail of a large vocabulary keeps its mass
+    target = u.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
+    # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
+    return tokens.clamp(max=probs.shape[-1] - 1)
 
 
 # --- how many episodes at once ----------------------------------------------------------------------

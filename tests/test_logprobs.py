@@ -125,3 +125,12 @@ def test_sampling_is_reproducible_from_the_generator():
     b = sample_tokens(logits, 1.0, 1.0, torch.Generator().manual_seed(3))
     c = [sample_tokens(logits, 1.0, 1.0, torch.Generator().manual_seed(s)) for s in range(4, 10)]
     assert torch.equal(a, b) and any(not torch.equal(a, x) for x in c)
+
+
+def test_sampling_follows_the_distribution_and_skips_zero_mass_tokens():
+    probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0])
+    logits = torch.log(probs).expand(20000, -1)  # (R, V): 20000 independent draws in one call
+    draws = sample_tokens(logits, 1.0, 1.0, torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=6).float() / len(draws)
+    assert counts[[0, 2, 5]].sum() == 0  # zero-mass tokens, first and last included, are never drawn
+    assert torch.allclose(counts, probs, atol=0.015), counts.tolist()
