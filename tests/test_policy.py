@@ -111,9 +111,13 @@ def test_reference_is_the_same_weights_with_the_adapter_off(policy):
         adapted = policy.model(input_ids=ids).logits
         with policy.reference():  # ...and the reference ignores it
             reference = policy.model(input_ids=ids).logits
+            with policy.reference():  # e.g. a user simulator borrowing the backbone mid-evaluation
+                pass
+            after_inner = policy.model(input_ids=ids).logits  # leaving the inner block keeps it off
+        back_on = policy.model(input_ids=ids).logits
         b.copy_(saved)
     assert (adapted - base).abs().max() > 1e-3
-    assert torch.equal(reference, base)
+    assert torch.equal(reference, base) and torch.equal(after_inner, base) and torch.equal(back_on, adapted)
     assert sum(p.numel() for p in policy.model.parameters()) == sum(
         p.numel() for p in policy.model.get_base_model().parameters()
     )  # one copy of the weights: the reference adds none
