@@ -19,6 +19,12 @@ a time so that the rollout engine can drive it, and hands the finished conversat
            basis: DB (the final databases against the expected actions replayed on a fresh copy),
            ENV_ASSERTION, ACTION, COMMUNICATE. NL_ASSERTION needs an LLM judge and is never called:
            it is dropped from the basis and the row records it under "left_out".
+  Check    `Tau2ScriptedAgent("replay")` with `ScriptedUser` scores 1.0 on every task that ships
+           expected actions (retail 112 of 114, airline 43 of 50, telecom 114 of 114); the other 9
+           ship none, so any episode that ends with the user's stop scores 1.0 there, as in tau2.
+           Leaving out the last state-changing action scores 0.0 on retail 103 of 105, airline 30 of
+           30, telecom 94 of 94 tasks that have one. The replay alone takes up to 29 (retail), 43
+           (airline) and 33 (telecom) steps; tau2's command line allows 200.
   User     who plays the customer is recorded in the result: in-process (the policy's backbone
            with its adapter disabled, or ood.user_model), tau2's own LLM user simulator against an
            OpenAI-compatible server on loopback (ood.user_api_base), or `ScriptedUser` (tests).

@@ -284,6 +284,13 @@ def test_tiny_model_through_the_rollout_engine(tmp_path):
         assert roles.count("user") >= 2  # the model-played user answered the agent at least once
         assert row["termination"] in {"max_steps", "agent_error", "user_error", "user_stop", "too_many_errors"}
     assert read_json(tmp_path / "adapter.json") == result
+    # the user simulator switches the adapter off for its own tokens only, also inside the base-model row
+    assert policy.model.get_model_status().enabled is True
+    user = tau2_eval.build_user(cfg, policy)
+    with policy.reference():
+        user.generate([{"role": "user", "content": "hi"}], [], None)
+        assert policy.model.get_model_status().enabled is False
+    assert policy.model.get_model_status().enabled is True
 
 
 def test_clear_errors(monkeypatch, tmp_path):
