@@ -381,8 +381,9 @@ class OodConfig:
     serving user_model. Any other host is refused."""
     user_temperature: float = 0.0
     """Sampling temperature of the user simulator (0 = greedy, reproducible)."""
-    tau2_max_steps: int = 30
-    """tau2 episode limit in messages (agent + user + tool), as tau2's orchestrator counts them."""
+    tau2_max_steps: int = 200
+    """tau2 episode limit in steps, as tau2's orchestrator counts them (its command line's default).
+    Replaying a task's expected actions alone takes up to 43 (airline)."""
 
     def validate(self, key: str) -> None:
         for suite in self.suites:

@@ -121,11 +121,15 @@ def suite_result(
 
 
 def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progress: bool = True) -> dict:
-    """Score `agent` on one suite (tau2 or a BFCL V4 suite); writes <out_dir>/<tag>.json."""
-    if suite == "tau2":
-        from seal_mini.tau2_eval import evaluate_tau2
+    """Score `agent` on one suite (tau2 or a BFCL V4 suite); writes <out_dir>/<tag>.json.
 
-        return evaluate_tau2(agent, cfg, out_dir, tag, source=source, progress=progress)
+    tau2's user simulator comes from cfg.ood; a scripted agent gets the scripted user that carries out
+    the device actions its replay asks for."""
+    if suite == "tau2":
+        from seal_mini.tau2_eval import ScriptedUser, Tau2ScriptedAgent, evaluate_tau2
+
+        user = ScriptedUser() if isinstance(agent, Tau2ScriptedAgent) else None
+        return evaluate_tau2(agent, cfg, out_dir, tag, source=source, user=user, progress=progress)
     from seal_mini.bfcl_v4 import evaluate_bfcl_v4
 
     return evaluate_bfcl_v4(agent, cfg, out_dir, tag, suite=suite, source=source, progress=progress)

@@ -10,16 +10,16 @@ from seal_mini.config import ConfigError, load_config
 from seal_mini.ood import NetworkRefused
 from seal_mini.runio import read_json, read_jsonl_gz
 
-CFG = load_config("recipes/cpu_smoke.yaml")  # kv, rec_sum and vector, which is skipped: no embedder given
+# The built-in ood defaults (all scenarios, all questions, kv + rec_sum + vector, which is skipped: no
+# embedder given), not cpu_smoke's, which trims them for the pipeline.
+CFG = load_config()
 
 
 def run(mode, tmp_path, tag=None, cfg=CFG, **kwargs):
     return evaluate_bfcl_v4(ScriptedAgenticAgent(mode), cfg, tmp_path, tag or mode, progress=False, **kwargs)
 
 
-NOTETAKER = load_config(
-    "recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv,rec_sum]", "ood.memory_scenarios=[notetaker]"]
-)
+NOTETAKER = load_config(overrides=["ood.memory_backends=[kv,rec_sum]", "ood.memory_scenarios=[notetaker]"])
 
 
 def test_memory_data_as_bfcl_lays_it_out(tmp_path):
@@ -91,7 +91,7 @@ def test_resume_reuses_finished_pieces(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
         return real_run(envs)
 
-    cfg = load_config("recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv]", "ood.max_tasks=25"])
+    cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=25"])
     agent.run = dies_after_the_chains_and_one_piece
     with pytest.raises(KeyboardInterrupt):
         evaluate_bfcl_v4(agent, cfg, tmp_path, "r", progress=False)
@@ -114,9 +114,9 @@ def test_missing_extra_and_bad_settings_are_clear_errors(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "rank_bm25", None)  # as if not installed
     with pytest.raises(ConfigError, match="requirements-ood.txt"):
-        run("answer", tmp_path, cfg=load_config("recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv]"]))
+        run("answer", tmp_path, cfg=load_config(overrides=["ood.memory_backends=[kv]"]))
     with pytest.raises(ConfigError, match="ood.embedding_model"):
-        run("answer", tmp_path, cfg=load_config("recipes/cpu_smoke.yaml", [f"ood.embedding_model={tmp_path}/nope"]))
+        run("answer", tmp_path, cfg=load_config(overrides=[f"ood.embedding_model={tmp_path}/nope"]))
     with pytest.raises(ConfigError, match="scripted"):
         ScriptedAgenticAgent("cheat")
 
@@ -137,7 +137,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
                     attempts.append((host, "refused"))
             return super().run(envs)
 
-    cfg = load_config("recipes/cpu_smoke.yaml", ["ood.memory_backends=[kv]", "ood.max_tasks=1"])
+    cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=1"])
     evaluate_bfcl_v4(Probe("empty"), cfg, tmp_path, "p", progress=False)
     assert inside and all(guard is not outside for guard in inside)  # the suite's own guard was in place
     assert attempts and all(outcome == "refused" for _, outcome in attempts)
@@ -169,10 +169,7 @@ def tiny_embedder(folder):
 
 def test_vector_back_end_embeds_with_a_local_model(tmp_path):
     embedder = tiny_embedder(tmp_path / "model")
-    cfg = load_config(
-        "recipes/cpu_smoke.yaml",
-        ["ood.memory_backends=[vector]", f"ood.embedding_model={embedder}", "ood.max_tasks=10"],
-    )
+    cfg = load_config(overrides=["ood.memory_backends=[vector]", f"ood.embedding_model={embedder}", "ood.max_tasks=10"])
     answer, memorize = run("answer", tmp_path, cfg=cfg), run("memorize", tmp_path, cfg=cfg)
     assert answer["scores"] == {"memory_vector": 1.0} and answer["skipped"] == {}
     assert memorize["total"] == {"memory_vector": 10}

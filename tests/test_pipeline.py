@@ -73,13 +73,18 @@ def test_report_numbers_equal_the_run_files(smoke_run):
     assert [float(c) for c in result[0][1:]] == [round(100 * base["success"][c], 2) for c in base["success"]]
     assert [float(c) for c in result[1][1:]] == [round(100 * adapter["success"][c], 2) for c in adapter["success"]]
 
-    # Table 2: the memory suite's columns and their average, backbone and trained, as in its files
-    ood = table_rows(text, "| policy | memory_kv | memory_rec_sum | average |")
+    # Table 2: each suite's columns and the average over all of them, backbone and trained, as in the files
+    ood = table_rows(text, "| policy | memory_kv | memory_rec_sum | tau2 retail | tau2 airline | tau2 telecom |")
     for row, which in zip(ood[:2], ["base", "adapter"], strict=True):
-        suite = read_json(run_dir / "eval" / f"bfcl_v4_memory_{which}.json")
-        assert suite["total"] == {"memory_kv": 2, "memory_rec_sum": 2}
-        scores = [suite["scores"]["memory_kv"], suite["scores"]["memory_rec_sum"], suite["mean"]]
-        assert [float(c) for c in row[1:]] == [round(100 * v, 2) for v in scores]
+        memory = read_json(run_dir / "eval" / f"bfcl_v4_memory_{which}.json")
+        tau2 = read_json(run_dir / "eval" / f"tau2_{which}.json")
+        assert memory["total"] == {"memory_kv": 2, "memory_rec_sum": 2}
+        assert tau2["total"] == {"retail": 2, "airline": 2, "telecom": 2}
+        assert tau2["user_simulator"] == "in-process: tiny-random (adapter disabled)"
+        scores = [*memory["scores"].values(), *tau2["scores"].values()]
+        expected = [*scores, sum(scores) / len(scores)]
+        assert [float(c) for c in row[1:]] == [round(100 * v, 2) for v in expected]
+    assert "User simulator: in-process: tiny-random (adapter disabled)." in text
 
     metrics = read_metrics(run_dir)
     assert len(metrics) == 4  # cpu_smoke trains 4 steps
