@@ -436,7 +436,8 @@ class InProcessUser:
             step_ids = torch.tensor([ids], device=self.policy.device)  # (1, T)
             cache_ = None
             for _ in range(self.max_new_tokens):
-                result = model(input_ids=step_ids, past_key_values=cache_, use_cache=True)
+                # logits of the last position only: a 5k-token prompt's full (T, V) logits would take GBs
+                result = model(input_ids=step_ids, past_key_values=cache_, use_cache=True, logits_to_keep=1)
                 cache_ = result.past_key_values
                 token = sample_tokens(result.logits[:, -1], self.temperature, generator=generator)  # (1,)
                 if int(token) in renderer.stop_ids:

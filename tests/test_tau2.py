@@ -25,7 +25,10 @@ from seal_mini.tau2_eval import (  # noqa: E402
 )
 from seal_mini.toolcalls import format_call  # noqa: E402
 
-CFG = load_config("recipes/cpu_smoke.yaml", ["ood.max_tasks=1"])
+# cpu_smoke for the tiny model; the ood settings spelled out, since cpu_smoke trims them for its pipeline
+CFG = load_config(
+    "recipes/cpu_smoke.yaml", ["ood.max_tasks=1", "ood.tau2_max_steps=200", "ood.tau2_domains=[retail,airline,telecom]"]
+)
 TELECOM_TRANSFER = "[service_issue]airplane_mode_on|lock_sim_card_pin[PERSONA:Easy]"
 # Tasks whose expected actions change the state, so that leaving out the last write must fail them.
 WRITES = {
