@@ -126,12 +126,20 @@ class ChatRenderer:
         """Token ids of the first prompt, ending with the start of the assistant turn."""
         text = self.render(messages, tools, add_generation_prompt=True)
         ids = self.encode(text)
-        if self.decode(ids) != text:
+        # A tokenizer that normalizes (Qwen2's applies NFC) gives back the normalized text: that is
+        # what the model reads, and the ids are still exact for it. Anything else is a real mismatch.
+        if self.decode(ids) != self.normalized(text):
             raise TemplateError(
                 "decoding the prompt's tokens does not give back the prompt text; this tokenizer cannot "
                 "keep multi-turn sequences exact (use a byte-level BPE tokenizer such as Qwen's or Llama 3's)"
             )
         return ids
+
+    def normalized(self, text: str) -> str:
+        """The text as the tokenizer's normalizer (if any) rewrites it before tokenizing."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalizer = getattr(backend, "normalizer", None)
+        return normalizer.normalize_str(text) if normalizer is not None else text
 
     def continuation(
         self, ids: list[int], before: list[dict], new: list[dict], tools: list[dict], add_generation_prompt: bool

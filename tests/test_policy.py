@@ -89,6 +89,23 @@ def test_template_without_tool_support_must_use_prompt_mode():
     assert "<tools>" in renderer.render([{"role": "user", "content": "hi"}], TOOLS)
 
 
+def test_prompt_ids_accept_a_normalizing_tokenizer_and_refuse_a_lossy_one(monkeypatch):
+    import unicodedata
+
+    from tokenizers import normalizers
+
+    tok = tiny_tokenizer()
+    tok.backend_tokenizer.normalizer = normalizers.NFC()  # as Qwen2's tokenizer does
+    renderer = ChatRenderer(tok, "template")
+    messages = [{"role": "user", "content": "Cafe\u0301 au lait"}]  # e + combining accent: not NFC
+    ids = renderer.prompt_ids(messages, TOOLS)  # e.g. a user simulator wrote it: must not stop the run
+    text = renderer.render(messages, TOOLS, add_generation_prompt=True)
+    assert renderer.decode(ids) == unicodedata.normalize("NFC", text) != text
+    monkeypatch.setattr(renderer, "decode", lambda ids: "something else")
+    with pytest.raises(TemplateError, match="does not give back the prompt text"):
+        renderer.prompt_ids(messages, TOOLS)
+
+
 def test_tiny_policy_is_a_float32_lora_model_configured_by_the_recipe(policy):
     assert policy.backend == "hf" and policy.device.type == "cpu" and policy.dtype == torch.float32
     lora = policy.model.peft_config["default"]
