@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import ipaddress
 import socket
 from collections.abc import Iterator
@@ -33,6 +34,25 @@ def require(module: str, suite: str) -> None:
         importlib.import_module(module)
     except ImportError as e:
         raise ConfigError(f"{suite} needs the optional extra ({e.name} is missing): {EXTRA}") from None
+
+
+SUITE_MODULES = {
+    "bfcl_v4_memory": ("overrides", "rank_bm25"),
+    "bfcl_v4_web_search": ("serpapi", "html2text", "bs4"),
+    "tau2": ("tau2",),
+}
+"""What each suite needs from the optional extra (module names)."""
+
+
+def check_suites(cfg) -> None:
+    """Fail before training, not hours later, when a suite the recipe names cannot be imported."""
+    for suite in cfg.ood.suites:
+        modules = list(SUITE_MODULES[suite])
+        if suite == "bfcl_v4_memory" and "vector" in cfg.ood.memory_backends and cfg.ood.embedding_model:
+            modules += ["sentence_transformers", "faiss"]
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ConfigError(f"ood.suites: {suite} needs the optional extra ({', '.join(missing)} missing): {EXTRA}")
 
 
 class NetworkRefused(ConnectionRefusedError):

@@ -23,6 +23,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     args = parser.parse_args(argv)
     cfg = load_config(args.recipe, args.overrides)
+    from seal_mini.ood import check_suites
+
+    check_suites(cfg)  # a missing optional extra is an error now, not after training
 
     from seal_mini.evaluate import ModelAgent, eval_tasks, evaluate, print_table
     from seal_mini.ood import print_suite, run_suite

@@ -175,3 +175,19 @@ def test_vector_back_end_embeds_with_a_local_model(tmp_path):
     assert memorize["total"] == {"memory_vector": 10}
     snapshot = tmp_path / "memorize.memory" / "memory_vector" / "agentic" / "memory" / "vector" / "memory_snapshot"
     assert (snapshot / "customer_final.json").is_file()
+
+
+def test_a_recipe_naming_a_suite_without_its_extra_fails_before_training(monkeypatch):
+    import importlib.util
+
+    from seal_mini.ood import check_suites
+    from seal_mini.pipeline import main
+
+    check_suites(load_config("recipes/qwen2_5_3b.yaml"))  # everything installed here: no error
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tau2" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"tau2 needs the optional extra \(tau2 missing\).*requirements-ood.txt"):
+        check_suites(load_config("recipes/qwen2_5_3b.yaml"))
+    check_suites(load_config("recipes/qwen2_5_3b.yaml", ["ood.suites=[bfcl_v4_memory]"]))
+    with pytest.raises(ConfigError, match="tau2"):  # the pipeline stops at once, before loading anything
+        main(["recipes/cpu_smoke.yaml", "out_dir=/nonexistent/never_written"])
