@@ -24,14 +24,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.bfcl import Task, bfcl_root
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
-from seal_mini.ood import loopback_only, require, suite_result
+from seal_mini.ood import loopback_only, public_only, require, suite_result
 from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
@@ -382,8 +381,8 @@ def evaluate_bfcl_v4(
     write_json(partial / "identity.json", identity)
 
     rows, prereq_rows = [], []
-    # web search needs the network; nothing else may reach it
-    with nullcontext() if suite == "bfcl_v4_web_search" else loopback_only():
+    # web search needs the network, but only the public internet; nothing else may reach it at all
+    with public_only() if suite == "bfcl_v4_web_search" else loopback_only():
         for column in columns:
             _import_backend(column, cfg)
             if suite == "bfcl_v4_memory":

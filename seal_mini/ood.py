@@ -1,6 +1,6 @@
 """What the out-of-distribution suites share: optional imports, the loopback-only guard, results.
 
-The suites (seal_mini.memory_eval for BFCL V4 memory and web search, seal_mini.tau2_eval for
+The suites (seal_mini.bfcl_v4 for BFCL V4 memory and web search, seal_mini.tau2_eval for
 tau2-bench) never train; they score a policy the way their packages do. Each suite episode fits the
 rollout engine's reset / step / truncate contract, so a model policy runs through the same engine,
 the same `ModelAgent` and the same trajectory records as the held-in BFCL V3 evaluation.
@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import ipaddress
 import socket
+import sys
 from collections.abc import Iterator
 
 from seal_mini.config import ConfigError
@@ -56,60 +57,95 @@ def check_suites(cfg) -> None:
 
 
 class NetworkRefused(ConnectionRefusedError):
-    """A connection to a non-loopback address was attempted inside `loopback_only()`."""
+    """A connection or name lookup that an active network guard does not allow."""
 
 
-def _is_loopback(host) -> bool:
+_ACTIVE: list[str] = []
+"""The guards now in force ("loopback" or "public"), outermost first; every one must allow an access."""
+REFUSED: list[str] = []
+"""Every access a guard refused in this process (tests check that a suite attempted none)."""
+
+
+def _ip(host) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if isinstance(host, bytes):
         host = host.decode("ascii", "replace")
-    if not isinstance(host, str):
-        return False
-    if host in ("localhost", ""):
-        return True
     try:
-        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        return ipaddress.ip_address(str(host).split("%")[0])
     except ValueError:
-        return False  # a host name other than localhost: resolving it is already network access
+        return None
+
+
+def _allows(mode: str, host, lookup: bool) -> bool:
+    """Whether a guard lets this host through: a name lookup (lookup=True) or a connection / datagram."""
+    if mode == "loopback":
+        ip = _ip(host)
+        return host in ("localhost", b"localhost", "", None) or (ip is not None and ip.is_loopback)
+    # "public": any name may be looked up; only globally routable addresses may be contacted, so a model
+    # steering a web-fetch tool cannot reach this machine, its network or a cloud metadata service.
+    if lookup:
+        return True
+    ip = _ip(host)
+    if ip is None:  # a host name given straight to connect(): check what it resolves to
+        infos = socket.getaddrinfo(host, None)
+        return bool(infos) and all(_allows(mode, info[4][0], lookup=False) for info in infos)
+    return ip.is_global
+
+
+def _audit(event: str, args: tuple) -> None:
+    # Audit events are raised from C for every socket, whatever library or event loop made the call.
+    if not _ACTIVE or not event.startswith("socket."):
+        return
+    if event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+        sock, address = args[0], args[1]
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple):
+            return  # Unix sockets, and sendmsg on a connected socket (already checked at connect)
+        host, lookup = address[0], False
+    elif event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
+        host, lookup = args[0], True
+    elif event == "socket.getnameinfo":
+        host, lookup = args[0][0], True
+    else:
+        return
+    if not all(_allows(mode, host, lookup) for mode in list(_ACTIVE)):
+        what = "name lookup of" if lookup else "network access to"
+        REFUSED.append(f"{event} {host!r}")
+        raise NetworkRefused(f"{what} {host!r} refused: this runs offline ({' + '.join(_ACTIVE)} only)")
+
+
+_hook_installed = False
 
 
 @contextlib.contextmanager
-def loopback_only() -> Iterator[None]:
-    """Within this block, any connection or name lookup outside loopback raises NetworkRefused.
-
-    The suites' packages carry clients for remote services (LLM APIs, telemetry, model hubs); this
-    makes sure none is ever contacted, whatever a package does on import or at run time."""
-    real_connect, real_connect_ex, real_getaddrinfo = (
-        socket.socket.connect,
-        socket.socket.connect_ex,
-        socket.getaddrinfo,
-    )
-
-    def refuse(sock: socket.socket, address) -> None:
-        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address[0]):
-            raise NetworkRefused(f"network access to {address[0]!r} refused: suites run offline (loopback only)")
-
-    def connect(self, address):
-        refuse(self, address)
-        return real_connect(self, address)
-
-    def connect_ex(self, address):
-        refuse(self, address)
-        return real_connect_ex(self, address)
-
-    def getaddrinfo(host, *args, **kwargs):
-        if not _is_loopback(host):
-            raise NetworkRefused(f"name lookup of {host!r} refused: suites run offline (loopback only)")
-        return real_getaddrinfo(host, *args, **kwargs)
-
-    socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = connect, connect_ex, getaddrinfo
+def _guard(mode: str) -> Iterator[None]:
+    global _hook_installed
+    if not _hook_installed:  # an audit hook cannot be removed: install one, switched by _ACTIVE
+        sys.addaudithook(_audit)
+        _hook_installed = True
+    _ACTIVE.append(mode)
     try:
         yield
     finally:
-        socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo = (
-            real_connect,
-            real_connect_ex,
-            real_getaddrinfo,
-        )
+        _ACTIVE.pop()
+
+
+def loopback_only():
+    """Within this block, any connection, datagram or name lookup outside loopback raises NetworkRefused.
+
+    The suites' packages carry clients for remote services (LLM APIs, telemetry, model hubs); this
+    makes sure none is ever contacted, whatever a package does on import or at run time. (Child
+    processes are not covered; the suites start none.)"""
+    return _guard("loopback")
+
+
+def public_only():
+    """Within this block only globally routable addresses may be contacted (web search: a model-chosen
+    URL must not reach this machine, its local network or a metadata service)."""
+    return _guard("public")
+
+
+def active_guards() -> list[str]:
+    """The guards now in force, outermost first."""
+    return list(_ACTIVE)
 
 
 def suite_result(
@@ -167,6 +203,7 @@ def scripted_agent(suite: str, mode: str):
 
 
 def print_suite(result: dict) -> None:
+    """One line per suite result, and one per skipped column with its reason."""
     cells = " | ".join(f"{k} {100 * v:.2f}%" for k, v in result["scores"].items())
     user = f", user: {result['user_simulator']}" if result.get("user_simulator") else ""
     print(f"[eval] {result['tag']} ({result['policy']}{user}): {cells or 'nothing ran'}")

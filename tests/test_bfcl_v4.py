@@ -7,7 +7,7 @@ import pytest
 
 from seal_mini.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4, memory_tasks
 from seal_mini.config import ConfigError, load_config
-from seal_mini.ood import NetworkRefused
+from seal_mini.ood import REFUSED, NetworkRefused, active_guards
 from seal_mini.runio import read_json, read_jsonl_gz
 
 # The built-in ood defaults (all scenarios, all questions, kv + rec_sum + vector, which is skipped: no
@@ -122,26 +122,36 @@ def test_missing_extra_and_bad_settings_are_clear_errors(tmp_path, monkeypatch):
 
 
 def test_nothing_reaches_the_network_during_a_suite(tmp_path):
-    """The suite installs its own loopback-only guard (on top of the test-wide one) and any connection
-    attempted while it runs is refused."""
-    outside, inside, attempts = socket.getaddrinfo, [], []
+    """The suite installs its own guard (on top of the test-wide one), every kind of access attempted
+    while it runs is refused, and the suite itself attempts none."""
+    outside, inside, attempts = len(active_guards()), [], []
+    probes = {
+        "tcp to an address": lambda: socket.create_connection(("93.184.216.34", 443), timeout=1),
+        "tcp to a name": lambda: socket.create_connection(("pypi.org", 443), timeout=1),
+        "udp datagram": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("192.0.2.1", 53)),
+        "name lookup": lambda: socket.gethostbyname("example.com"),
+    }
 
     class Probe(ScriptedAgenticAgent):
         def run(self, envs):
-            inside.append(socket.getaddrinfo)
-            for host in ("93.184.216.34", "pypi.org"):
+            inside.append(len(active_guards()))
+            for name, probe in probes.items():
                 try:
-                    socket.create_connection((host, 443), timeout=1)
-                    attempts.append((host, "connected"))
+                    probe()
+                    attempts.append((name, "reached"))
                 except NetworkRefused:
-                    attempts.append((host, "refused"))
+                    attempts.append((name, "refused"))
             return super().run(envs)
 
     cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=1"])
     evaluate_bfcl_v4(Probe("empty"), cfg, tmp_path, "p", progress=False)
-    assert inside and all(guard is not outside for guard in inside)  # the suite's own guard was in place
-    assert attempts and all(outcome == "refused" for _, outcome in attempts)
-    assert socket.getaddrinfo is outside  # and it is gone afterwards
+    assert inside and all(depth == outside + 1 for depth in inside)  # the suite's own guard was in place
+    assert attempts and all(outcome == "refused" for _, outcome in attempts), attempts
+    assert len(active_guards()) == outside  # and it is gone afterwards
+
+    before = len(REFUSED)
+    evaluate_bfcl_v4(ScriptedAgenticAgent("memorize"), CFG, tmp_path, "quiet", progress=False)
+    assert REFUSED[before:] == []  # a whole scripted run over both phases attempted no access at all
 
 
 def tiny_embedder(folder):

@@ -3,9 +3,11 @@
 import copy
 import json
 import socket
+import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,7 @@ pytest.importorskip("tau2", reason="optional extra: pip install -r requirements-
 
 from seal_mini import tau2_eval  # noqa: E402
 from seal_mini.config import ConfigError, load_config  # noqa: E402
-from seal_mini.ood import NetworkRefused, loopback_only  # noqa: E402
+from seal_mini.ood import REFUSED, NetworkRefused, active_guards, loopback_only  # noqa: E402
 from seal_mini.runio import read_json, read_jsonl_gz  # noqa: E402
 from seal_mini.tau2_eval import (  # noqa: E402
     InProcessUser,
@@ -24,6 +26,8 @@ from seal_mini.tau2_eval import (  # noqa: E402
     load_tasks,
 )
 from seal_mini.toolcalls import format_call  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # cpu_smoke for the tiny model; the ood settings spelled out, since cpu_smoke trims them for its pipeline
 CFG = load_config(
@@ -161,11 +165,11 @@ def test_result_file_and_resume(tmp_path):
 class ProbeUser(ScriptedUser):
     """Tries to reach a public address while the suite runs."""
 
-    def __init__(self, outside_connect):
-        self.outside, self.seen = outside_connect, []
+    def __init__(self, outside_guards):
+        self.outside, self.seen = outside_guards, []
 
     def for_task(self, task, user_tools):
-        guarded = socket.socket.connect is not self.outside  # the suite put its own guard in place
+        guarded = len(active_guards()) > self.outside  # the suite put its own guard in place
         try:
             socket.create_connection(("93.184.216.34", 80), timeout=1)
             self.seen.append((guarded, "connected"))
@@ -177,10 +181,22 @@ class ProbeUser(ScriptedUser):
 
 
 def test_no_network_inside_the_suite(tmp_path):
-    probe = ProbeUser(socket.socket.connect)
+    probe = ProbeUser(len(active_guards()))
     cfg = cfg_with(tau2_domains=["telecom"])
     evaluate_tau2(Tau2ScriptedAgent("empty"), cfg, tmp_path, "probe", user=probe, progress=False)
     assert probe.seen == [(True, "refused")]
+    before = len(REFUSED)
+    evaluate_tau2(Tau2ScriptedAgent("replay"), CFG, tmp_path, "quiet", user=ScriptedUser(), progress=False)
+    assert REFUSED[before:] == []  # replays in all three domains attempted no access at all
+
+
+def test_importing_tau2_attempts_no_network_access():
+    """In a fresh interpreter (nothing imported yet), importing tau2 and litellm the suite's way tries
+    no connection and no lookup outside loopback: the guard's record of refusals stays empty."""
+    code = "from seal_mini.ood import REFUSED; from seal_mini.tau2_eval import tau2; tau2(); print(len(REFUSED))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "0"
 
 
 class _Server(BaseHTTPRequestHandler):
