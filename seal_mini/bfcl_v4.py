@@ -150,8 +150,11 @@ def web_search_tasks(column: str, max_questions: int = 0) -> list[AgenticTask]:
 class AgenticEpisode(Episode):
     """An Episode on a V4 back end, opened with the system prompt BFCL gives this entry."""
 
-    def __init__(self, item: AgenticTask, max_calls_per_turn: int = 20):
-        super().__init__(item.task, max_calls_per_turn)
+    def __init__(self, item: AgenticTask):
+        from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
+
+        # BFCL's own per-turn limit (20), whatever env.max_calls_per_turn a training recipe sets
+        super().__init__(item.task, MAXIMUM_STEP_LIMIT)
         self.item = item
 
     def reset(self) -> tuple[list[dict], list[dict]]:
@@ -313,7 +316,10 @@ def suite_columns(suite: str, cfg: Config) -> tuple[list[str], dict[str, str]]:
 
 def _import_backend(column: str, cfg: Config) -> None:
     """Import a back end's module now, with a clear message if its optional packages are missing."""
-    require("overrides", "bfcl_v4_memory") if column.startswith("memory_") else require("serpapi", "bfcl_v4_web_search")
+    if column.startswith("memory_"):
+        require("overrides", "bfcl_v4_memory")
+    else:
+        require("serpapi", "bfcl_v4_web_search")
     if column == "memory_kv":
         require("rank_bm25", "bfcl_v4_memory")
     if column == "memory_vector":
@@ -372,11 +378,13 @@ def evaluate_bfcl_v4(
         "scenarios": cfg.ood.memory_scenarios,
         "max_tasks": cfg.ood.max_tasks,
         "prereqs": run_prereqs,
+        "embedding_model": cfg.ood.embedding_model,
+        "limits": [cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens, cfg.rollout.max_total_tokens],
+        "temperature": getattr(agent, "temperature", None),
     }
-    if partial.exists() and (
-        not (partial / "identity.json").exists() or read_json(partial / "identity.json") != identity
-    ):
-        shutil.rmtree(partial)  # another evaluation's pieces, and its memory snapshots
+    resuming = (partial / "identity.json").exists() and read_json(partial / "identity.json") == identity
+    if not resuming:  # a new evaluation: no pieces, and no memory, of an earlier one may leak in
+        shutil.rmtree(partial, ignore_errors=True)
         shutil.rmtree(snapshots, ignore_errors=True)
     write_json(partial / "identity.json", identity)
 
@@ -389,10 +397,11 @@ def evaluate_bfcl_v4(
                 chains, questions = memory_tasks(
                     column, snapshots / column, cfg.ood.max_tasks, cfg.ood.memory_scenarios
                 )
-                prereq_rows += _run_chains(agent, cfg, chains, partial / f"{column}.prereq.jsonl.gz", run_prereqs)
+                done_file = partial / f"{column}.prereq.jsonl.gz"
+                prereq_rows += _run_chains(agent, chains, done_file, snapshots / column, run_prereqs)
             else:
                 questions = web_search_tasks(column, cfg.ood.max_tasks)
-            rows += _run_questions(agent, cfg, questions, partial, column, progress)
+            rows += _run_questions(agent, questions, partial, column, progress)
 
     result = suite_result(suite, tag, agent.name, source, rows, columns, skipped)
     write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", prereq_rows + rows)
@@ -416,17 +425,18 @@ def _row(item: AgenticTask, env: AgenticEpisode, record: dict, reward: float | N
     }
 
 
-def _run_chains(agent, cfg: Config, chains: dict[str, list[AgenticTask]], done_file: Path, run: bool) -> list[dict]:
+def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, snapshots: Path, run: bool):
     """Prerequisite conversations, link k of every scenario's chain together; each link starts from the
     snapshot the previous one wrote. Kept whole or redone whole: a half-built memory is not resumed."""
     if not run:
         return []
     if done_file.exists():
         return read_jsonl_gz(done_file)
+    shutil.rmtree(snapshots, ignore_errors=True)  # a chain stopped half way starts again from empty
     rows = []
     for link in range(max((len(c) for c in chains.values()), default=0)):
         items = [chain[link] for chain in chains.values() if link < len(chain)]
-        envs = [AgenticEpisode(item, cfg.env.max_calls_per_turn) for item in items]
+        envs = [AgenticEpisode(item) for item in items]
         records = agent.run(envs)
         for item, env, record in zip(items, envs, records, strict=True):
             env.flush_memory()
@@ -435,7 +445,7 @@ def _run_chains(agent, cfg: Config, chains: dict[str, list[AgenticTask]], done_f
     return rows
 
 
-def _run_questions(agent, cfg: Config, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
+def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
     done = []
     for piece in sorted(partial.glob(f"{column}.q*.jsonl.gz")):
         done += read_jsonl_gz(piece)
@@ -445,7 +455,7 @@ def _run_questions(agent, cfg: Config, questions: list[AgenticTask], partial: Pa
     bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress)
     for start in range(0, len(todo), CHUNK):
         chunk = todo[start : start + CHUNK]
-        envs = [AgenticEpisode(item, cfg.env.max_calls_per_turn) for item in chunk]
+        envs = [AgenticEpisode(item) for item in chunk]
         rows = []
         for item, env, record in zip(chunk, envs, agent.run(envs), strict=True):
             rows.append(_row(item, env, record, *score(env)))

@@ -381,6 +381,13 @@ class OodConfig:
     serving user_model. Any other host is refused."""
     user_temperature: float = 0.0
     """Sampling temperature of the user simulator (0 = greedy, reproducible)."""
+    max_prompt_tokens: int = 24576
+    max_response_tokens: int = 16384
+    max_total_tokens: int = 32768
+    """Token limits of a suite episode, in place of rollout.*'s training limits. The packages cap
+    nothing but the model's context (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens
+    with the tiny tokenizer, and a BFCL memory conversation runs 10+ user turns. An episode that hits
+    a limit scores 0 and is counted in the result's `truncated`."""
     tau2_max_steps: int = 200
     """tau2 episode limit in steps, as tau2's orchestrator counts them (its command line's default).
     Replaying a task's expected actions alone takes up to 43 (airline)."""
@@ -409,6 +416,11 @@ class OodConfig:
             )
         _check(self.max_tasks >= 0, f"{key}.max_tasks", "must be >= 0 (0 = all)")
         _check(self.user_temperature >= 0, f"{key}.user_temperature", "must be >= 0")
+        for name in ("max_prompt_tokens", "max_response_tokens", "max_total_tokens"):
+            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
+        _check(
+            self.max_prompt_tokens < self.max_total_tokens, f"{key}.max_prompt_tokens", "must be below max_total_tokens"
+        )
         _check(self.tau2_max_steps >= 2, f"{key}.tau2_max_steps", "must be >= 2")
         if self.user_api_base:
             from urllib.parse import urlparse

@@ -10,6 +10,7 @@ A suite result (<run_dir>/eval/<suite>_<base|adapter>.json) is one dict:
     user_simulator                    who played the user (tau2), None where no user is simulated
     scores    {column: success rate}  one column per memory back end / web-search set / tau2 domain
     passed, total {column: count}
+    truncated {column: count}         episodes a token limit ended (they score 0)
     skipped   {column: reason}        columns that could not run here, with the one-line reason
     mean                              the mean over the columns that ran (Table 2's average)
 """
@@ -17,9 +18,11 @@ A suite result (<run_dir>/eval/<suite>_<base|adapter>.json) is one dict:
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import importlib.util
 import ipaddress
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -48,6 +51,8 @@ SUITE_MODULES = {
 def check_suites(cfg) -> None:
     """Fail before training, not hours later, when a suite the recipe names cannot be imported."""
     for suite in cfg.ood.suites:
+        if suite == "bfcl_v4_web_search" and not os.environ.get("SERPAPI_API_KEY"):
+            continue  # it will be skipped with its reason; nothing of it gets imported
         modules = list(SUITE_MODULES[suite])
         if suite == "bfcl_v4_memory" and "vector" in cfg.ood.memory_backends and cfg.ood.embedding_model:
             modules += ["sentence_transformers", "faiss"]
@@ -162,6 +167,7 @@ def suite_result(
     passed = {c: sum(r["reward"] for r in rows if r["column"] == c) for c in columns}
     total = {c: sum(1 for r in rows if r["column"] == c) for c in columns}
     scores = {c: passed[c] / total[c] for c in columns if total[c]}
+    truncated = {c: sum(1 for r in rows if r["column"] == c and r.get("truncated")) for c in columns}
     return {
         "suite": suite,
         "tag": tag,
@@ -171,6 +177,7 @@ def suite_result(
         "scores": scores,
         "passed": passed,
         "total": total,
+        "truncated": truncated,
         "skipped": dict(skipped),
         "mean": sum(scores.values()) / len(scores) if scores else None,
     }
@@ -179,8 +186,14 @@ def suite_result(
 def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progress: bool = True) -> dict:
     """Score `agent` on one suite (tau2 or a BFCL V4 suite); writes <out_dir>/<tag>.json.
 
-    tau2's user simulator comes from cfg.ood; a scripted agent gets the scripted user that carries out
-    the device actions its replay asks for."""
+    Episodes run under the suite token limits (ood.max_*_tokens), not training's. tau2's user simulator
+    comes from cfg.ood; a scripted agent gets the scripted user that carries out the device actions its
+    replay asks for."""
+    cfg = suite_config(cfg)
+    from seal_mini.evaluate import ModelAgent
+
+    if isinstance(agent, ModelAgent):
+        agent = ModelAgent(agent.policy, cfg, adapter=agent.adapter, temperature=agent.temperature)
     if suite == "tau2":
         from seal_mini.tau2_eval import ScriptedUser, Tau2ScriptedAgent, evaluate_tau2
 
@@ -189,6 +202,16 @@ def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progr
     from seal_mini.bfcl_v4 import evaluate_bfcl_v4
 
     return evaluate_bfcl_v4(agent, cfg, out_dir, tag, suite=suite, source=source, progress=progress)
+
+
+def suite_config(cfg):
+    """A copy of cfg whose rollout limits are the suites' (ood.max_prompt/response/total_tokens)."""
+    cfg = copy.deepcopy(cfg)
+    cfg.rollout.max_prompt_tokens = cfg.ood.max_prompt_tokens
+    cfg.rollout.max_response_tokens = cfg.ood.max_response_tokens
+    cfg.rollout.max_total_tokens = cfg.ood.max_total_tokens
+    cfg.validate()
+    return cfg
 
 
 def scripted_agent(suite: str, mode: str):

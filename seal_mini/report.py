@@ -128,12 +128,15 @@ def table_ood(run: dict) -> str:
         notes.append(f"- {suite}: tasks per column: {counts or 'none'}.")
         if result.get("user_simulator"):
             notes.append(f"  User simulator: {result['user_simulator']}.")
+        cut = {c: n for c, n in result.get("truncated", {}).items() if n}
+        if cut:
+            notes.append("  Ended by a token limit (scored 0): " + ", ".join(f"{c} {n}" for c, n in cut.items()) + ".")
         for column, reason in result["skipped"].items():
             notes.append(f"  {column} not run: {reason}.")
     return (
         head
         + " |\n".join(lines)
-        + " |\n\nSuccess rate (%), greedy, each suite scored by its own package.\n"
+        + " |\n\nSuccess rate (%), each suite scored by its own package.\n"
         + "\n".join(notes)
         + "\n"
     )

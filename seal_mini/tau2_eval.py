@@ -516,6 +516,22 @@ class ApiUser:
         )
 
 
+def _check_reachable(api_base: str) -> None:
+    """A clear error now, rather than a client's traceback mid-evaluation, when nothing listens there."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(api_base)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with loopback_only():
+            socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError as e:
+        raise ConfigError(
+            f"ood.user_api_base: nothing answers at {api_base} ({e}); start the user simulator's server first"
+        ) from None
+
+
 def build_user(cfg: Config, policy=None):
     """The user simulator the config asks for: loopback API, ood.user_model in-process, or the policy's
     own backbone with its adapter disabled."""
@@ -523,6 +539,7 @@ def build_user(cfg: Config, policy=None):
     if ood.user_api_base:
         if not ood.user_model:
             raise ConfigError("ood.user_model: name the model the server at ood.user_api_base serves")
+        _check_reachable(ood.user_api_base)
         return ApiUser(ood.user_api_base, ood.user_model, ood.user_temperature)
     limits = {
         "temperature": ood.user_temperature,
@@ -638,6 +655,8 @@ def evaluate_tau2(
             "source": source,
             "user_simulator": user.description,
             "max_steps": cfg.ood.tau2_max_steps,
+            "limits": [cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens, cfg.rollout.max_total_tokens],
+            "temperature": getattr(agent, "temperature", None),
             "task_ids": [f"{d}/{task.id}" for d, task in tasks],
         }
         if partial.exists() and (

@@ -48,12 +48,13 @@ def test_memory_carries_facts_from_the_conversations_to_the_questions(tmp_path):
     """A policy that only stores what it hears and answers with what a search returns scores only
     through the back ends' own snapshots; without the conversations it scores nothing."""
     with_memory = run("memorize", tmp_path, "with", cfg=NOTETAKER)
-    without = run("memorize", tmp_path, "without", cfg=NOTETAKER, run_prereqs=False)
+    final = tmp_path / "with.memory" / "memory_kv" / "agentic" / "memory" / "kv" / "memory_snapshot"
+    assert (final / "notetaker_final.json").is_file()  # written by BFCL's back end, inside the run dir
+    # the same tag again without the conversations: the memory they left must not leak into it
+    without = run("memorize", tmp_path, "with", cfg=NOTETAKER, run_prereqs=False)
     assert with_memory["total"] == {"memory_kv": 25, "memory_rec_sum": 25}
     assert with_memory["scores"]["memory_kv"] >= 0.2 and with_memory["scores"]["memory_rec_sum"] >= 0.4
     assert without["scores"] == {"memory_kv": 0.0, "memory_rec_sum": 0.0}
-    final = tmp_path / "with.memory" / "memory_kv" / "agentic" / "memory" / "kv" / "memory_snapshot"
-    assert (final / "notetaker_final.json").is_file()  # written by BFCL's back end, inside the run dir
     print(f"memorize on notetaker: {with_memory['scores']} with the conversations, {without['scores']} without")
 
 
@@ -201,3 +202,21 @@ def test_a_recipe_naming_a_suite_without_its_extra_fails_before_training(monkeyp
     check_suites(load_config("recipes/qwen2_5_3b.yaml", ["ood.suites=[bfcl_v4_memory]"]))
     with pytest.raises(ConfigError, match="tau2"):  # the pipeline stops at once, before loading anything
         main(["recipes/cpu_smoke.yaml", "out_dir=/nonexistent/never_written"])
+
+
+def test_suites_run_under_their_own_token_limits_and_count_what_they_cut(tmp_path):
+    """run_suite swaps training's rollout limits for ood.max_*_tokens; an episode cut by them scores 0
+    and is counted per column."""
+    from seal_mini.evaluate import ModelAgent
+    from seal_mini.ood import run_suite, suite_config
+    from seal_mini.policy import load_policy
+
+    overrides = ["ood.memory_backends=[kv]", "ood.max_tasks=2", "ood.memory_scenarios=[notetaker]"]
+    cfg = load_config("recipes/cpu_smoke.yaml", [*overrides, "ood.max_prompt_tokens=64", "ood.max_total_tokens=128"])
+    suite_cfg = suite_config(cfg)
+    assert (suite_cfg.rollout.max_prompt_tokens, suite_cfg.rollout.max_total_tokens) == (64, 128)
+    assert cfg.rollout.max_prompt_tokens == 6144  # the training limits themselves are untouched
+    agent = ModelAgent(load_policy(cfg), cfg, adapter=False)
+    result = run_suite("bfcl_v4_memory", agent, cfg, tmp_path, "cut", progress=False)
+    assert result["total"] == {"memory_kv": 2} and result["truncated"] == {"memory_kv": 2}  # BFCL's prompt > 64
+    assert result["scores"] == {"memory_kv": 0.0}

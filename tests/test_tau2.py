@@ -321,6 +321,13 @@ def test_clear_errors(monkeypatch, tmp_path):
         evaluate_tau2(Tau2ScriptedAgent("empty"), CFG, tmp_path, "x", progress=False)
     with pytest.raises(ConfigError, match="choose from"):
         Tau2ScriptedAgent("oracle")
+    free = socket.socket()
+    free.bind(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()  # a loopback port nobody listens on
+    silent = cfg_with(user_api_base=f"http://127.0.0.1:{port}/v1", user_model="local-user")
+    with pytest.raises(ConfigError, match="nothing answers at http://127.0.0.1"):
+        evaluate_tau2(Tau2ScriptedAgent("empty"), silent, tmp_path, "x", progress=False)
     tau2_eval.tau2.cache_clear()
     monkeypatch.setitem(sys.modules, "tau2", None)  # as if the extra were not installed
     try:
