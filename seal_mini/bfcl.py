@@ -70,7 +70,8 @@ def bfcl_root() -> Path:
     return Path(bfcl_eval.__file__).parent
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of one of BFCL's data files (JSON Lines, despite the .json names)."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -81,14 +82,14 @@ def tool_docs(class_name: str) -> tuple[dict, ...]:
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
 
     path = bfcl_root() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
-    return tuple(_read_jsonl(path))
+    return tuple(read_jsonl(path))
 
 
 @cache
 def _load_category(category: str) -> tuple[Task, ...]:
     data_dir = bfcl_root() / "data"
-    rows = _read_jsonl(data_dir / f"BFCL_v4_multi_turn_{category}.json")
-    answer_rows = _read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")
+    rows = read_jsonl(data_dir / f"BFCL_v4_multi_turn_{category}.json")
+    answer_rows = read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")
     answers = {a["id"]: a["ground_truth"] for a in answer_rows}
     tasks = []
     for row in rows:

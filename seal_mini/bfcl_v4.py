@@ -27,7 +27,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from seal_mini.bfcl import Task, bfcl_root
+from seal_mini.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
 from seal_mini.ood import loopback_only, public_only, require, suite_result
@@ -59,16 +59,6 @@ class AgenticTask:
 # --- the data, as BFCL lays it out -------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _docs(class_name: str) -> list[dict]:
-    from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
-
-    return _read_jsonl(bfcl_root() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name])
-
-
 def _agentic_task(entry: dict, column: str, class_name: str, config: dict, answers: list[str], scenario: str):
     task = Task(
         id=entry["id"],
@@ -78,7 +68,7 @@ def _agentic_task(entry: dict, column: str, class_name: str, config: dict, answe
         initial_config={class_name: config},
         involved_classes=[class_name],
         ground_truth=[],
-        tools=_docs(class_name),
+        tools=list(tool_docs(class_name)),
     )
     return AgenticTask(task, column, scenario, answers)
 
@@ -90,9 +80,9 @@ def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scena
     number still covers every scenario; only the scenarios of the chosen questions get their chains."""
     root = bfcl_root() / "data"
     class_name = f"MemoryAPI_{column.removeprefix('memory_')}"
-    answers = {e["id"]: e["ground_truth"] for e in _read_jsonl(root / "possible_answer" / "BFCL_v4_memory.json")}
+    answers = {e["id"]: e["ground_truth"] for e in read_jsonl(root / "possible_answer" / "BFCL_v4_memory.json")}
     by_scenario: dict[str, list[dict]] = {s: [] for s in scenarios}
-    for entry in _read_jsonl(root / "BFCL_v4_memory.json"):
+    for entry in read_jsonl(root / "BFCL_v4_memory.json"):
         if entry["scenario"] in by_scenario:
             by_scenario[entry["scenario"]].append(entry)
     rounds = max((len(v) for v in by_scenario.values()), default=0)
@@ -120,7 +110,7 @@ def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scena
     chains = {}
     for scenario in dict.fromkeys(q.scenario for q in questions):
         chain = []
-        for entry in _read_jsonl(root / "memory_prereq_conversation" / f"memory_{scenario}.json"):
+        for entry in read_jsonl(root / "memory_prereq_conversation" / f"memory_{scenario}.json"):
             entry_id = entry["id"].replace("memory", column, 1)
             chain.append(
                 _agentic_task({**entry, "id": entry_id}, column, class_name, config(entry_id, scenario), [], scenario)
@@ -132,8 +122,8 @@ def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scena
 def web_search_tasks(column: str, max_questions: int = 0) -> list[AgenticTask]:
     """The web search questions; no_snippet hides the result snippets, as in BFCL."""
     root = bfcl_root() / "data"
-    answers = {e["id"]: e["ground_truth"] for e in _read_jsonl(root / "possible_answer" / "BFCL_v4_web_search.json")}
-    entries = _read_jsonl(root / "BFCL_v4_web_search.json")
+    answers = {e["id"]: e["ground_truth"] for e in read_jsonl(root / "possible_answer" / "BFCL_v4_web_search.json")}
+    entries = read_jsonl(root / "BFCL_v4_web_search.json")
     entries = entries[:max_questions] if max_questions else entries
     config = {"show_snippet": column != "web_search_no_snippet"}
     return [
