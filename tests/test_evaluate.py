@@ -7,6 +7,7 @@ from seal_mini.config import load_config
 from seal_mini.evaluate import ModelAgent, ScriptedAgent, evaluate, success_table
 from seal_mini.policy import load_policy
 from seal_mini.runio import read_json
+from seal_mini.testing import Interrupting
 
 CFG = load_config(
     overrides=["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", "env.max_calls_per_turn=2"]
@@ -31,24 +32,18 @@ def test_untrained_tiny_model_scores_0_through_the_same_path(tmp_path):
     assert sum(result["label_counts"].values()) == sum(len(t.turns) for t in TASKS[:4])
 
 
-class Flaky(ScriptedAgent):
-    """Replays ground truth but dies after `fail_after` pieces of work, like a stopped job."""
-
-    def __init__(self, fail_after):
-        super().__init__("ground_truth")
-        self.calls, self.fail_after = 0, fail_after
-
-    def run(self, envs):
-        if self.calls == self.fail_after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return super().run(envs)
-
-
 def test_stopped_evaluation_resumes_without_redoing_work(tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        evaluate(Flaky(fail_after=2), TASKS, CFG, tmp_path, "gt", progress=False, chunk_size=3)
-    again = Flaky(fail_after=99)
+        evaluate(
+            Interrupting(ScriptedAgent("ground_truth"), after=2),
+            TASKS,
+            CFG,
+            tmp_path,
+            "gt",
+            progress=False,
+            chunk_size=3,
+        )
+    again = Interrupting(ScriptedAgent("ground_truth"), after=99)
     result = evaluate(again, TASKS, CFG, tmp_path, "gt", progress=False, chunk_size=3)
     assert again.calls == 1  # 6 of 8 tasks were done; only the last piece ran
     assert result["n_tasks"] == 8 and result["success"]["mean"] == 1.0

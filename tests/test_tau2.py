@@ -25,6 +25,7 @@ from seal_mini.tau2_eval import (  # noqa: E402
     evaluate_tau2,
     load_tasks,
 )
+from seal_mini.testing import Interrupting  # noqa: E402
 from seal_mini.toolcalls import format_call  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,28 +131,22 @@ def test_nl_assertions_are_left_out_never_judged():
     assert scored["reward"] == 1.0 and scored["left_out"] == ["NL_ASSERTION"]
 
 
-class Flaky(Tau2ScriptedAgent):
-    """Replays, but dies after `fail_after` pieces of work, like a stopped job."""
-
-    def __init__(self, fail_after):
-        super().__init__("replay")
-        self.calls, self.fail_after = 0, fail_after
-
-    def run(self, envs):
-        if self.calls == self.fail_after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return super().run(envs)
-
-
 def test_result_file_and_resume(tmp_path):
     user = ScriptedUser()
     with pytest.raises(KeyboardInterrupt):
-        evaluate_tau2(Flaky(1), CFG, tmp_path / "a", "replay", user=user, progress=False, chunk_size=1)
-    again = Flaky(99)
+        evaluate_tau2(
+            Interrupting(Tau2ScriptedAgent("replay"), after=1),
+            CFG,
+            tmp_path / "a",
+            "replay",
+            user=user,
+            progress=False,
+            chunk_size=1,
+        )
+    again = Interrupting(Tau2ScriptedAgent("replay"), after=99)
     resumed = evaluate_tau2(again, CFG, tmp_path / "a", "replay", user=user, progress=False, chunk_size=1)
     assert again.calls == 2  # the first domain's task was kept; only the other two ran
-    straight = evaluate_tau2(Flaky(99), CFG, tmp_path / "b", "replay", user=user, progress=False)
+    straight = evaluate_tau2(Tau2ScriptedAgent("replay"), CFG, tmp_path / "b", "replay", user=user, progress=False)
     assert resumed == straight == read_json(tmp_path / "a" / "replay.json")
     assert resumed["scores"] == {"retail": 1.0, "airline": 1.0, "telecom": 1.0} and resumed["mean"] == 1.0
     assert resumed["suite"] == "tau2" and resumed["user_simulator"] == ScriptedUser.description
