@@ -31,7 +31,7 @@ from seal_mini.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
 from seal_mini.ood import loopback_only, public_only, require, suite_result
-from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
 CHUNK = 32
@@ -372,11 +372,8 @@ def evaluate_bfcl_v4(
         "limits": [cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens, cfg.rollout.max_total_tokens],
         "temperature": getattr(agent, "temperature", None),
     }
-    resuming = (partial / "identity.json").exists() and read_json(partial / "identity.json") == identity
-    if not resuming:  # a new evaluation: no pieces, and no memory, of an earlier one may leak in
-        shutil.rmtree(partial, ignore_errors=True)
+    if not open_partial(partial, identity):  # a new evaluation: no memory of an earlier one may leak in
         shutil.rmtree(snapshots, ignore_errors=True)
-    write_json(partial / "identity.json", identity)
 
     rows, prereq_rows = [], []
     # web search needs the network, but only the public internet; nothing else may reach it at all

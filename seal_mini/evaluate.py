@@ -19,7 +19,7 @@ from seal_mini.bfcl import Task
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
 from seal_mini.env import Episode
 from seal_mini.oracle import POLICIES, play
-from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -89,11 +89,7 @@ def evaluate(
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
     identity = {"policy": agent.name, "source": source, "task_ids": [t.id for t in tasks]}
-    if partial.exists() and (
-        not (partial / "identity.json").exists() or read_json(partial / "identity.json") != identity
-    ):
-        shutil.rmtree(partial)  # pieces of another policy's evaluation: not ours to reuse
-    write_json(partial / "identity.json", identity)
+    open_partial(partial, identity)
     done_rows = []
     for piece in sorted(partial.glob("*.jsonl.gz")):  # resume: keep the pieces already finished
         done_rows += read_jsonl_gz(piece)

@@ -93,3 +93,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         if (path / "state.json").exists():
             return path
     return None
+
+
+def open_partial(partial: Path, identity: dict) -> bool:
+    """The folder of a resumable job's finished pieces. Kept if it holds pieces of this very job (same
+    identity: policy, tasks, settings), emptied otherwise; returns whether pieces were kept."""
+    partial = Path(partial)
+    marker = partial / "identity.json"
+    resuming = marker.exists() and read_json(marker) == identity
+    if not resuming:
+        shutil.rmtree(partial, ignore_errors=True)  # another job's pieces are not ours to reuse
+        write_json(marker, identity)
+    return resuming

@@ -48,7 +48,7 @@ from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.ood import loopback_only, require, suite_result
-from seal_mini.runio import read_json, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
 from seal_mini.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 
 CHUNK = 16
@@ -659,11 +659,7 @@ def evaluate_tau2(
             "temperature": getattr(agent, "temperature", None),
             "task_ids": [f"{d}/{task.id}" for d, task in tasks],
         }
-        if partial.exists() and (
-            not (partial / "identity.json").exists() or read_json(partial / "identity.json") != identity
-        ):
-            shutil.rmtree(partial)  # pieces of another evaluation: not ours to reuse
-        write_json(partial / "identity.json", identity)
+        open_partial(partial, identity)
         done_rows = []
         for piece in sorted(partial.glob("*.jsonl.gz")):
             done_rows += read_jsonl_gz(piece)
