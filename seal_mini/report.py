@@ -89,66 +89,51 @@ def table_main(run: dict) -> str:
 def table_ood(run: dict) -> str:
     """Table 2 layout: each out-of-distribution column (memory back end, web search set, tau2 domain)
     and their average, backbone vs trained, from eval/<suite>_{base,adapter}.json."""
-    suites = [s for s in OOD_SUITES if f"{s}_base" in run["evals"] or f"{s}_adapter" in run["evals"]]
+    evals, whiches = run["evals"], ("base", "adapter")
+    results = {w: {s: evals[f"{s}_{w}"] for s in OOD_SUITES if f"{s}_{w}" in evals} for w in whiches}
+    suites = [s for s in OOD_SUITES if any(s in results[w] for w in whiches)]
     if not suites:
         return "_No out-of-distribution evaluation in this run (ood.suites in the recipe)._\n"
-    rows = {}
-    for which in ("base", "adapter"):
-        scores = {}
-        for suite in suites:
-            result = run["evals"].get(f"{suite}_{which}")
-            for column, value in (result or {}).get("scores", {}).items():
-                scores[(suite, column)] = value
-        rows[which] = scores
-    columns = [(s, c) for s in suites for c in _suite_columns(run, s)]
-    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
-    head = "| policy | " + " | ".join(names) + " | average |\n|---|" + "---|" * (len(columns) + 1) + "\n"
+    columns = list(
+        dict.fromkeys((s, c) for s in suites for w in whiches for c in results[w].get(s, {}).get("total", {}))
+    )
+    scores = {w: {(s, c): v for s, r in results[w].items() for c, v in r["scores"].items()} for w in whiches}
 
-    def average(scores: dict) -> float | None:
-        values = [scores[k] for k in columns if k in scores]
+    def average(row: dict) -> float | None:
+        values = [row[k] for k in columns if k in row]
         return sum(values) / len(values) if values else None
 
-    lines = []
-    base, trained = rows["base"], rows["adapter"]
-    model = next((run["evals"][k]["policy"] for k in run["evals"] if k.endswith("_base") and k[:-5] in suites), "")
-    if base:
-        lines.append(
-            f"| backbone ({model}) | " + " | ".join(pct(base.get(k)) for k in columns) + f" | {pct(average(base))}"
-        )
-    if trained:
-        cells = " | ".join(pct(trained.get(k)) for k in columns)
-        lines.append(f"| + SEAL ({run['name']}) | {cells} | {pct(average(trained))}")
-    if base and trained:
-        cells = " | ".join(delta(trained.get(k), base.get(k)) for k in columns)
-        lines.append(f"| delta | {cells} | {delta(average(trained), average(base))}")
-    notes = []
+    def line(name: str, cells: list[str]) -> str:
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
+    lines = [line("policy", [*names, "average"]), "|---|" + "---|" * (len(columns) + 1)]
+    base, trained = scores["base"], scores["adapter"]
+    if results["base"]:
+        model = next(iter(results["base"].values()))["policy"]
+        lines.append(line(f"backbone ({model})", [pct(base.get(k)) for k in columns] + [pct(average(base))]))
+    if results["adapter"]:
+        cells = [pct(trained.get(k)) for k in columns] + [pct(average(trained))]
+        lines.append(line(f"+ SEAL ({run['name']})", cells))
+    if results["base"] and results["adapter"]:
+        cells = [delta(trained.get(k), base.get(k)) for k in columns]
+        lines.append(line("delta", cells + [delta(average(trained), average(base))]))
+
+    notes = ["", "Success rate (%), each suite scored by its own package."]
     for suite in suites:
-        result = run["evals"].get(f"{suite}_adapter") or run["evals"][f"{suite}_base"]
+        result = results["adapter"].get(suite) or results["base"][suite]
         counts = ", ".join(f"{c} {n}" for c, n in result["total"].items())
         notes.append(f"- {suite}: tasks per column: {counts or 'none'}.")
         if result.get("user_simulator"):
             notes.append(f"  User simulator: {result['user_simulator']}.")
-        cut = {c: n for c, n in result.get("truncated", {}).items() if n}
-        if cut:
-            notes.append("  Ended by a token limit (scored 0): " + ", ".join(f"{c} {n}" for c, n in cut.items()) + ".")
+        for which, label in (("base", "backbone"), ("adapter", "trained")):
+            cut = {c: n for c, n in results[which].get(suite, {}).get("truncated", {}).items() if n}
+            if cut:
+                counts = ", ".join(f"{c} {n}" for c, n in cut.items())
+                notes.append(f"  Ended by a token limit (scored 0), {label}: {counts}.")
         for column, reason in result["skipped"].items():
             notes.append(f"  {column} not run: {reason}.")
-    return (
-        head
-        + " |\n".join(lines)
-        + " |\n\nSuccess rate (%), each suite scored by its own package.\n"
-        + "\n".join(notes)
-        + "\n"
-    )
-
-
-def _suite_columns(run: dict, suite: str) -> list[str]:
-    columns = []
-    for which in ("base", "adapter"):
-        for column in (run["evals"].get(f"{suite}_{which}") or {}).get("total", {}):
-            if column not in columns:
-                columns.append(column)
-    return columns
+    return "\n".join(lines + notes) + "\n"
 
 
 def table_ablation(runs: list[dict]) -> str:
