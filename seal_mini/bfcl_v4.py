@@ -32,6 +32,7 @@ from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
 from seal_mini.ood import loopback_only, public_only, require, suite_result
 from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.toolcalls import format_call
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
 CHUNK = 32
@@ -198,24 +199,24 @@ def score(episode: AgenticEpisode) -> tuple[float, str]:
 
 
 def _call(name: str, **arguments) -> str:
-    return "<tool_call>" + json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+    return format_call(name, arguments)
 
 
-def _play_answer(env: AgenticEpisode) -> None:
+def _play_answer(env: AgenticEpisode, send) -> None:
     """Conversations: acknowledge each turn. Questions: answer with BFCL's first expected string."""
     while not env.done:
         if env.item.prereq:
-            env.step("Noted.")
+            send("Noted.")
         else:
-            env.step(json.dumps({"answer": env.item.answers[0], "context": "from memory"}))
+            send(json.dumps({"answer": env.item.answers[0], "context": "from memory"}))
 
 
-def _play_empty(env: AgenticEpisode) -> None:
+def _play_empty(env: AgenticEpisode, send) -> None:
     while not env.done:
-        env.step("")
+        send("")
 
 
-def _play_memorize(env: AgenticEpisode) -> None:
+def _play_memorize(env: AgenticEpisode, send) -> None:
     """A retrieval policy with no knowledge of the answers: store every user turn, answer with what
     a search of the memory returns. It scores only if the memory carried the facts from the
     prerequisite conversations to the question, through the back end's own snapshots."""
@@ -225,32 +226,32 @@ def _play_memorize(env: AgenticEpisode) -> None:
         if env.item.prereq:
             text = turn.user_text
             if backend == "rec_sum":
-                env.step(_call("memory_append", text=text[:2000]))
+                send(_call("memory_append", text=text[:2000]))
             elif backend == "vector":
-                env.step(_call("archival_memory_add", text=text[:2000]))
+                send(_call("archival_memory_add", text=text[:2000]))
             else:
                 key = f"note_{env.item.task.id.rsplit('-', 1)[-1]}_{turn.index}"
-                env.step(_call("archival_memory_add", key=key, value=text[:2000]))
+                send(_call("archival_memory_add", key=key, value=text[:2000]))
             if not env.done:
-                env.step("Noted.")
+                send("Noted.")
             continue
         if backend == "rec_sum":
-            found = env.step(_call("memory_retrieve")).observation[0]["content"]
+            found = send(_call("memory_retrieve")).observation[0]["content"]
         elif backend == "vector":
-            found = env.step(_call("archival_memory_retrieve", query=turn.user_text, top_k=3)).observation[0]["content"]
+            found = send(_call("archival_memory_retrieve", query=turn.user_text, top_k=3)).observation[0]["content"]
         else:
-            result = env.step(_call("archival_memory_key_search", query=turn.user_text, k=3))
+            result = send(_call("archival_memory_key_search", query=turn.user_text, k=3))
             try:
                 keys = [k for _, k in json.loads(result.observation[0]["content"]).get("ranked_results", [])]
             except (ValueError, AttributeError):  # an error message instead of results: nothing stored
                 keys = []
-            found = " ".join(env.step(_call("archival_memory_retrieve", key=k)).observation[0]["content"] for k in keys)
+            found = " ".join(send(_call("archival_memory_retrieve", key=k)).observation[0]["content"] for k in keys)
         if not env.done:
-            env.step(json.dumps({"answer": found, "context": "memory search"}))
+            send(json.dumps({"answer": found, "context": "memory search"}))
 
 
 SCRIPTED = {"answer": _play_answer, "empty": _play_empty, "memorize": _play_memorize}
-"""Scripted policies for the agentic suites (memorize: memory back ends only)."""
+"""Scripted policies for the agentic suites, each play(env, send) (memorize: memory back ends only)."""
 
 
 class ScriptedAgenticAgent:
@@ -265,19 +266,15 @@ class ScriptedAgenticAgent:
         records = []
         for env in envs:
             messages, _ = env.reset()
-            step = env.step
 
-            def recorded_step(text: str, step=step, messages=messages):
+            def send(text: str, env=env, messages=messages):
+                # one assistant message, recorded as the model engine records a conversation
                 messages.append({"role": "assistant", "content": text})
-                result = step(text)
+                result = env.step(text)
                 messages.extend(result.observation)
                 return result
 
-            env.step = recorded_step  # the conversation is recorded as the model engine records it
-            try:
-                SCRIPTED[self.mode](env)
-            finally:
-                del env.step
+            SCRIPTED[self.mode](env, send)
             records.append({"messages": messages, "truncated": False, "n_sampled": 0})
         return records
 
