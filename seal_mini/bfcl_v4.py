@@ -30,7 +30,7 @@ from pathlib import Path
 from seal_mini.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
-from seal_mini.ood import loopback_only, public_only, require, suite_result
+from seal_mini.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
 from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
 from seal_mini.toolcalls import format_call
 
@@ -302,13 +302,10 @@ def suite_columns(suite: str, cfg: Config) -> tuple[list[str], dict[str, str]]:
 
 
 def _import_backend(column: str, cfg: Config) -> None:
-    """Import a back end's module now, with a clear message if its optional packages are missing."""
-    if column.startswith("memory_"):
-        require("overrides", "bfcl_v4_memory")
-    else:
-        require("serpapi", "bfcl_v4_web_search")
-    if column == "memory_kv":
-        require("rank_bm25", "bfcl_v4_memory")
+    """Import a back end's packages now, with a clear message if the optional extra is missing."""
+    suite = "bfcl_v4_memory" if column.startswith("memory_") else "bfcl_v4_web_search"
+    for module in SUITE_MODULES[suite]:
+        require(module, suite)
     if column == "memory_vector":
         _import_vector_backend(cfg.ood.embedding_model)
 
