@@ -262,7 +262,7 @@ class ScriptedAgenticAgent:
             raise ConfigError(f"--scripted {mode}: the BFCL V4 suites know {sorted(SCRIPTED)}")
         self.mode, self.name = mode, f"scripted:{mode}"
 
-    def run(self, envs: list) -> list[dict]:
+    def run(self, envs: list, progress=None) -> list[dict]:
         records = []
         for env in envs:
             messages, _ = env.reset()
@@ -276,6 +276,8 @@ class ScriptedAgenticAgent:
 
             SCRIPTED[self.mode](env, send)
             records.append({"messages": messages, "truncated": False, "n_sampled": 0})
+            if progress is not None:
+                progress.update(1)
         return records
 
 
@@ -438,10 +440,9 @@ def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: s
         chunk = todo[start : start + CHUNK]
         envs = [AgenticEpisode(item) for item in chunk]
         rows = []
-        for item, env, record in zip(chunk, envs, agent.run(envs), strict=True):
+        for item, env, record in zip(chunk, envs, agent.run(envs, progress=bar), strict=True):
             rows.append(_row(item, env, record, *score(env)))
         write_jsonl_gz(partial / f"{column}.q{len(done):05d}.jsonl.gz", rows)
         done += rows
-        bar.update(len(chunk))
     bar.close()
     return done

@@ -26,21 +26,21 @@ CHUNK = 32
 
 
 class ModelAgent:
-    """A model policy: batched rollouts with the adapter on, or off (the backbone row)."""
+    """A model policy: batched rollouts with the adapter on, or off (the backbone row).
+
+    Agents share one method, run(envs, progress=None) -> one record per env; `progress` (a tqdm bar)
+    advances once per finished episode."""
 
     def __init__(self, policy, cfg: Config, adapter: bool = True, temperature: float | None = None):
         self.policy, self.cfg, self.adapter = policy, cfg, adapter
         self.temperature = cfg.eval.temperature if temperature is None else temperature
         self.name = f"{cfg.model.name}{' + adapter' if adapter else ''}"
 
-    def run(self, envs: list) -> list[dict]:
-        import torch
-
+    def run(self, envs: list, progress=None) -> list[dict]:
         from seal_mini.rollout import run_rollouts
 
-        generator = torch.Generator().manual_seed(self.cfg.seed)
         with nullcontext() if self.adapter else self.policy.reference():
-            trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, generator)
+            trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, self.cfg.seed, progress)
         return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
 
 
@@ -52,10 +52,13 @@ class ScriptedAgent:
             raise ConfigError(f"--scripted {mode}: choose from {sorted(POLICIES)}")
         self.mode, self.name = mode, f"scripted:{mode}"
 
-    def run(self, envs: list) -> list[dict]:
-        return [
-            {"messages": play(env, POLICIES[self.mode](env.task)), "truncated": False, "n_sampled": 0} for env in envs
-        ]
+    def run(self, envs: list, progress=None) -> list[dict]:
+        records = []
+        for env in envs:
+            records.append({"messages": play(env, POLICIES[self.mode](env.task)), "truncated": False, "n_sampled": 0})
+            if progress is not None:
+                progress.update(1)
+        return records
 
 
 def success_table(rows: list[dict]) -> dict[str, float]:
@@ -101,7 +104,7 @@ def evaluate(
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
         envs = [Episode(t, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode) for t in chunk]
-        records = agent.run(envs)
+        records = agent.run(envs, progress=bar)  # the bar moves as each episode finishes
         rows = []
         for task, env, record in zip(chunk, envs, records, strict=True):
             verdict = check_episode(env)
@@ -118,7 +121,6 @@ def evaluate(
             )
         write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
         done_rows += rows
-        bar.update(len(chunk))
     bar.close()
 
     by_id = {r["task_id"]: r for r in done_rows}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,8 +22,8 @@ import torch
 from seal_mini import attention
 from seal_mini.chat import ChatRenderer
 from seal_mini.config import Config, ConfigError
+from seal_mini.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TINY = "tiny-random"
 
 
@@ -38,6 +38,8 @@ class Policy:
     """unsloth | hf: what actually loaded it."""
     dtype: torch.dtype
     """Compute dtype (float32 on CPU)."""
+    limits: MemoryLimits = field(default_factory=MemoryLimits)
+    """Rollout and update settings an out-of-memory error made smaller (see seal_mini.device)."""
 
     def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as the model sees it (the chat template, tools as model.tool_format says)."""
@@ -52,15 +54,6 @@ class Policy:
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (what the optimizer updates)."""
         return [p for p in self.model.parameters() if p.requires_grad]
-
-
-def resolve_device(name: str) -> torch.device:
-    """`auto` -> cuda when available, else cpu; asking for cuda without one is a config error."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda was asked for but no CUDA GPU is visible; use device=cpu or auto")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def resolve_backend(cfg: Config, device: torch.device) -> str:
@@ -195,10 +188,11 @@ def _load_unsloth(cfg: Config, dtype: torch.dtype):
     return model, tokenizer
 
 
-def load_policy(cfg: Config) -> Policy:
-    """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates."""
+def load_policy(cfg: Config, banner: bool = True) -> Policy:
+    """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates;
+    prints the start banner (device, dtype, backend, 4-bit, KV budget and slots) unless banner=False."""
     device = resolve_device(cfg.device)
-    dtype = torch.float32 if device.type == "cpu" else DTYPES[cfg.model.dtype]
+    dtype, dtype_reason = compute_dtype(cfg.model.dtype, device)
     backend = resolve_backend(cfg, device)
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(cfg, dtype)
@@ -211,7 +205,39 @@ def load_policy(cfg: Config) -> Policy:
     extra_stops = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     renderer = ChatRenderer(tokenizer, cfg.model.tool_format, extra_stop_ids=extra_stops)
     model.eval()
-    return Policy(model, tokenizer, renderer, device, backend, dtype)
+    policy = Policy(model, tokenizer, renderer, device, backend, dtype)
+    if banner:
+        print(start_banner(policy, cfg, dtype_reason), flush=True)
+    return policy
+
+
+def is_4bit(model: torch.nn.Module) -> bool:
+    """Whether the base weights are bitsandbytes 4-bit."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
+    """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
+    from seal_mini.rollout import _causal_lm, concurrency, kv_budget, kv_bytes_per_token
+
+    where = (
+        f"cuda ({gpu_name(policy.device)})"
+        if policy.device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)"
+    )
+    per_token = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype)
+    budget, source = kv_budget(policy, cfg.rollout)
+    wave = cfg.train.tasks_per_step * cfg.rollout.group_size
+    slots = concurrency(policy, cfg.rollout, wave)
+    if cfg.rollout.max_concurrent:
+        kv = f"rollout.max_concurrent {cfg.rollout.max_concurrent} (KV {per_token * cfg.rollout.max_total_tokens * slots / 2**30:.2f} GB)"
+    else:
+        kv = f"KV budget {budget / 2**30:.2f} GB ({source})"
+    return (
+        f"[device] {where} | {policy.dtype} ({dtype_reason}) | backend {policy.backend} | "
+        f"4-bit {'nf4' if is_4bit(policy.model) else 'no'} | {kv} -> {slots} slots of "
+        f"{cfg.rollout.max_total_tokens} tokens for a round of {wave} episodes"
+    )
 
 
 def save_adapter(policy: Policy, path: str | Path) -> Path:

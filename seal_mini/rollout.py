@@ -10,28 +10,43 @@ Observation tokens come from rendering the whole conversation with the chat temp
 only the text beyond what the sequence already spells (seal_mini.chat.ChatRenderer.continuation), so
 decoding a finished sequence gives the template's rendering of the episode's messages.
 
+The code comes in two parts. `_Sequences` is the bookkeeping of one episode's tokens and messages
+(no model in it); `_Batch` does the batched model work for many episodes. `_Engine.run` joins them.
+
 How the work is scheduled:
-  - Slots. At most `concurrency()` episodes hold a KV cache at once, sized from the KV budget
-    (layers x KV heads x head dim x 2 x dtype bytes per token, times max_total_tokens per episode)
-    or set by rollout.max_concurrent. When an episode ends, the next waiting one takes its slot.
-  - Cache reuse. A live episode keeps its KV cache across its model calls, so every token of its
-    sequence goes through the model once; the G samples of a task share one prefill of their prompt.
-  - Batching. All live episodes that are generating decode together, one token each per forward,
-    their caches left-padded into one batch. When one finishes its message it leaves the batch, its
-    environment steps, its new tokens are prefilled (batched with any other such episode) and it joins
+  - Slots. The KV cache is one block allocated once per call, (layers, K/V, slots, KV heads,
+    max_total_tokens, head dim): each live episode owns a slot with room for the longest sequence it
+    may grow to, and its keys and values are written into it in place. So the cache holds its budget
+    and nothing more whatever the mix of lengths; no batch is ever rebuilt by copying caches. The
+    number of slots comes from rollout.kv_budget_gb (or rollout.max_concurrent); when an episode
+    ends, the next waiting one takes its slot.
+  - Cache reuse. A live episode keeps its cache across its model calls, so every token of its
+    sequence goes through the model once; the G samples of a task share one prefill of their prompt
+    (copied from slot to slot).
+  - Batching. All live episodes decode together, one token each per forward, over slots 0..n-1 (when
+    one ends, the one in the last slot moves into its place). One that finishes a message steps its
+    environment, its new tokens are prefilled (batched with others of similar length) and it decodes
     again, so no episode waits for the slowest message of the batch.
+  - Sampling. Each episode draws from its own random stream, seeded by (seed, task, sample), so what
+    it samples does not depend on how many episodes run beside it.
+  - Out of GPU memory. The call keeps the episodes that finished, halves the slots and runs the rest
+    again from their start (same streams, so the same samples), saying what shrank.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from seal_mini import device as devices
 from seal_mini.config import ConfigError, RolloutConfig
 
 
@@ -78,20 +93,27 @@ class Trajectory:
 
 @dataclass
 class RolloutStats:
-    """What one run_rollouts call did (for benchmarks and logs)."""
+    """What one run_rollouts call did (for benchmarks, logs and preflight)."""
 
     episodes: int = 0
     concurrency: int = 0
+    """Slots: episodes that held a cache at once (after any out-of-memory retry)."""
+    kv_cache_bytes: int = 0
+    """Memory of the slots' KV cache (the largest one allocated)."""
+    out_of_memory: int = 0
+    """Out-of-memory errors survived by running again with fewer slots or smaller prefill pieces."""
     sampled_tokens: int = 0
     sequence_tokens: int = 0
     """Tokens in all final sequences: the distinct tokens of the run."""
     model_tokens: int = 0
     """Real (not padding) tokens fed through the model, prefill and decode."""
+    prefilled_tokens: int = 0
+    """The part of model_tokens fed by prefill forwards (prompts, tool results, user turns)."""
     pad_tokens: int = 0
     """Padding positions fed through the model in prefill batches."""
     forwards: int = 0
     decode_steps: int = 0
-    kv_slots: int = 0
+    kv_columns: int = 0
     """Sum over decode steps of rows x cache width (attention keys read, padding included)."""
     kv_used: int = 0
     """The same sum counting real tokens only."""
@@ -101,19 +123,24 @@ class RolloutStats:
 
     def summary(self) -> dict:
         """Numbers for a log line: rates and the recompute ratio (1.0 = every token computed once)."""
+        decoded = self.model_tokens - self.prefilled_tokens
         return {
             "episodes": self.episodes,
             "concurrency": self.concurrency,
+            "kv_cache_mb": round(self.kv_cache_bytes / 2**20, 1),
+            "out_of_memory": self.out_of_memory,
             "sampled_tokens": self.sampled_tokens,
             "sequence_tokens": self.sequence_tokens,
             "model_tokens_per_sequence_token": round(self.model_tokens / max(self.sequence_tokens, 1), 3),
-            "prefill_pad_fraction": round(self.pad_tokens / max(self.pad_tokens + self.model_tokens, 1), 3),
-            "kv_pad_fraction": round(1 - self.kv_used / max(self.kv_slots, 1), 3),
+            "prefill_pad_fraction": round(self.pad_tokens / max(self.pad_tokens + self.prefilled_tokens, 1), 3),
+            "kv_pad_fraction": round(1 - self.kv_used / max(self.kv_columns, 1), 3),
             "forwards": self.forwards,
             "decode_steps": self.decode_steps,
             "seconds": round(self.seconds, 3),
             "prefill_seconds": round(self.prefill_seconds, 3),
             "decode_seconds": round(self.decode_seconds, 3),
+            "prefill_tokens_per_s": round(self.prefilled_tokens / max(self.prefill_seconds, 1e-9), 1),
+            "decode_tokens_per_s": round(decoded / max(self.decode_seconds, 1e-9), 1),
             "sampled_tokens_per_s": round(self.sampled_tokens / max(self.seconds, 1e-9), 1),
         }
 
@@ -127,10 +154,14 @@ from. Only sampling sees the result; old_logprobs always come from the model's o
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(R, V) logits -> (R,) token ids. Temperature 0 is greedy; top_p < 1 keeps the smallest set of
-    tokens whose probability reaches top_p."""
+    tokens whose probability reaches top_p. Row r uses uniforms[r] if given, else a draw from `generator`."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # (R, V)
@@ -139,189 +170,157 @@ def sample_tokens(
         outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already reaches top_p
         sorted_p = sorted_p.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # Inverse-CDF sampling: R uniforms from the generator (a CPU one gives the same draws on any device)
-    # move to the logits' device, so the (R, V) probabilities never leave the GPU.
-    u = torch.rand(probs.shape[0], generator=generator, device=generator.device if generator else probs.device)
+    # Inverse-CDF sampling: one uniform per row (a CPU generator gives the same draws on any device) moves
+    # to the logits' device, so the (R, V) probabilities never leave the GPU.
+    if uniforms is None:
+        uniforms = torch.rand(
+            probs.shape[0], generator=generator, device=generator.device if generator else probs.device
+        )
+    assert uniforms.shape == (probs.shape[0],), f"need one uniform per row, got {tuple(uniforms.shape)}"
     cdf = probs.double().cumsum(dim=-1)  # (R, V), float64 so the tail of a large vocabulary keeps its mass
-    target = u.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
+    target = uniforms.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
     # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
     return tokens.clamp(max=probs.shape[-1] - 1)
 
 
+def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
+    """The seed of one episode's random stream: a hash of (seed..., task id, sample number), so the
+    stream is the same whichever episodes run beside it, in whatever order."""
+    key = "/".join(str(s) for s in (*(seed if isinstance(seed, tuple) else (seed,)), task_id, sample))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
 # --- how many episodes at once ----------------------------------------------------------------------
+
+CPU_KV_BUDGET_GB = 2.0
+"""The KV budget on CPU when rollout.kv_budget_gb is 0."""
+GPU_KV_SHARE = 0.7
+"""Share of the GPU memory free after loading that rollouts give to the KV cache when
+rollout.kv_budget_gb is 0; the rest holds prefill activations, logits and allocator slack."""
 
 
 def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
-    """Bytes of KV cache one token takes: layers x KV heads x head dim x 2 (K and V) x dtype bytes."""
+def _kv_shape(model_config) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a decoder config."""
     c = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return c.num_hidden_layers * kv_heads * head_dim * 2 * torch.empty(0, dtype=dtype).element_size()
+    return c.num_hidden_layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
+    """Bytes of KV cache one token takes: layers x KV heads x head dim x 2 (K and V) x dtype bytes."""
+    layers, kv_heads, head_dim = _kv_shape(model_config)
+    return layers * kv_heads * head_dim * 2 * torch.empty(0, dtype=dtype).element_size()
+
+
+def kv_budget(policy, cfg: RolloutConfig) -> tuple[int, str]:
+    """(bytes, where the number comes from) of the KV cache one wave of rollouts may hold."""
+    if cfg.kv_budget_gb:
+        return int(cfg.kv_budget_gb * 2**30), "rollout.kv_budget_gb"
+    if policy.device.type == "cuda":
+        return int(GPU_KV_SHARE * devices.free_bytes(policy.device)), f"{GPU_KV_SHARE:.0%} of free GPU memory"
+    return int(CPU_KV_BUDGET_GB * 2**30), f"{CPU_KV_BUDGET_GB:g} GB on CPU"
 
 
 def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
-    """Episodes that generate at once: rollout.max_concurrent, or as many worst-case (max_total_tokens)
-    KV caches as fit in rollout.kv_budget_gb (0: half the free GPU memory, because re-batching briefly
-    holds a second copy of the caches; 2 GB on CPU)."""
+    """Episodes that generate at once: rollout.max_concurrent, or as many slots of max_total_tokens as the
+    KV budget holds; never more than an out-of-memory error left (policy.limits)."""
     if cfg.max_concurrent:
-        return max(1, min(cfg.max_concurrent, n_episodes))
-    if cfg.kv_budget_gb:
-        budget = cfg.kv_budget_gb * 2**30
-    elif policy.device.type == "cuda":
-        torch.cuda.empty_cache()  # memory the allocator still holds from the last update counts as free
-        budget = torch.cuda.mem_get_info(policy.device)[0] / 2
+        slots = cfg.max_concurrent
     else:
-        budget = 2 * 2**30
-    per_episode = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
-    return max(1, min(n_episodes, int(budget // per_episode)))
+        per_slot = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
+        slots = kv_budget(policy, cfg)[0] // per_slot
+    if policy.limits.max_concurrent:
+        slots = min(slots, policy.limits.max_concurrent)
+    return int(max(1, min(n_episodes, slots)))
 
 
-# --- KV caches of many episodes in one batch -------------------------------------------------------
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]
-"""One episode's cache: per layer (keys, values), each (kv_heads, tokens, head_dim)."""
+# --- the KV cache: one slot per live episode, written in place ---------------------------------------
 
 
-def _growing_cache(keys: list[torch.Tensor], values: list[torch.Tensor]):
-    """A transformers DynamicCache over (R, H, W, d) tensors, one pair per layer, with spare columns.
+@dataclass
+class _Plan:
+    """Where one forward reads and writes the slots. The new tokens are (R, N), right-padded."""
 
-    transformers' DynamicLayer concatenates on every update, copying the whole cache once per decode
-    step; this layer writes new columns into spare capacity (grown by a quarter when full) instead."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
-    class GrowingLayer(DynamicLayer):
-        def __init__(self, k: torch.Tensor, v: torch.Tensor):
-            super().__init__()
-            self.lazy_initialization(k, v)
-            self.length = 0
-            self._k, self._v = k[:, :, :0], v[:, :, :0]
-            self.update(k, v)
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            n = key_states.shape[-2]
-            if self.length + n > self._k.shape[-2]:
-                capacity = (self.length + n) * 5 // 4 + 64
-                grown_k = key_states.new_empty(*key_states.shape[:2], capacity, key_states.shape[-1])
-                grown_v = value_states.new_empty(*value_states.shape[:2], capacity, value_states.shape[-1])
-                grown_k[:, :, : self.length] = self._k[:, :, : self.length]
-                grown_v[:, :, : self.length] = self._v[:, :, : self.length]
-                self._k, self._v = grown_k, grown_v
-            self._k[:, :, self.length : self.length + n] = key_states
-            self._v[:, :, self.length : self.length + n] = value_states
-            self.length += n
-            self.keys, self.values = self._k[:, :, : self.length], self._v[:, :, : self.length]
-            return self.keys, self.values
-
-    cache = DynamicCache()
-    cache.layers.extend(GrowingLayer(k, v) for k, v in zip(keys, values, strict=True))
-    return cache
+    rows: slice | torch.Tensor
+    """The slots of the R rows: a slice when they are adjacent (a view, no copy), else their indices."""
+    width: int
+    """Cache columns the attention reads: [0, width) of every row."""
+    writes: list[tuple[int, int, int]]
+    """(slot, first column, real tokens) per row: where its new keys and values go (column = position)."""
+    decode: tuple[torch.Tensor, torch.Tensor] | None = None
+    """For one new token per row: (slots, columns), (R,) each, written by one indexed copy per layer."""
+    seen: int = 0
+    """Tokens already cached in the row (single-row forwards without a mask only)."""
 
 
-class _KVBatch:
-    """Rows that run through the model together, sharing one KV cache. Row r's tokens are the cache
-    columns [start, end); the rest of its row is padding that the attention mask hides."""
+class KVSlots:
+    """The KV cache of a wave: (layers, K/V, slots, KV heads, capacity, head dim), allocated once.
 
-    def __init__(self):
-        self.cache = None  # a transformers Cache whose layers hold (R, H, W, d) keys and values
-        self.start: list[int] = []
-        self.end: list[int] = []
-        self.width = 0
+    Slot s holds the keys and values of one episode at columns 0.. (column = token position). A forward
+    writes its new tokens' keys and values into their slots and attends over the slots it names."""
 
-    def __len__(self) -> int:
-        return len(self.start)
+    def __init__(self, model_config, slots: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        layers, kv_heads, head_dim = _kv_shape(model_config)
+        # zeros, not empty: attention gives masked columns weight 0, and 0 x NaN garbage would still be NaN
+        self.tensor = torch.zeros(layers, 2, slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.plan: _Plan | None = None
+        """Set before each forward: which slots it reads and where its new tokens go."""
+        self.transformers = DynamicCache()  # what the model is given as past_key_values
+        self.transformers.layers[:] = [_SlotLayer(self, layer) for layer in range(layers)]
 
-    def _tensors(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        layers = self.cache.layers if self.cache is not None else []
-        return [layer.keys for layer in layers], [layer.values for layer in layers]
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
 
-    def mask(self, device: torch.device) -> torch.Tensor:
-        """(R, W) attention mask of the cached columns: 1 on each row's tokens."""
-        cols = torch.arange(self.width, device=device)
-        start = torch.tensor(self.start, device=device)[:, None]
-        end = torch.tensor(self.end, device=device)[:, None]
-        return ((cols >= start) & (cols < end)).long()
+    @property
+    def slots(self) -> int:
+        return self.tensor.shape[2]
 
-    def put(self, kvs: list[KV | None]) -> None:
-        """Append episodes as new rows, right-aligned at the batch width (widened if one is longer)."""
-        lengths = [kv[0][0].shape[1] if kv else 0 for kv in kvs]
-        ref = next((kv for kv in kvs if kv), None)
-        keys, values = self._tensors()
-        if ref is None and not keys:  # nothing cached anywhere yet
-            self.start += [0] * len(kvs)
-            self.end += [0] * len(kvs)
-            return
-        if not keys:  # the rows already here cached nothing: give them empty tensors of the right shape
-            keys = [k.new_zeros(len(self), k.shape[0], 0, k.shape[2]) for k, _ in ref]
-            values = [v.new_zeros(len(self), v.shape[0], 0, v.shape[2]) for _, v in ref]
-        width = max([self.width, *lengths])
-        pad = width - self.width  # widen the rows already here on the left
-        self.start = [s + pad for s in self.start] + [width - n for n in lengths]
-        self.end = [e + pad for e in self.end] + [width] * len(kvs)
-        new_keys, new_values = [], []
-        for layer, (k_old, v_old) in enumerate(zip(keys, values, strict=True)):
-            rows, heads, _, dim = k_old.shape
-            k = k_old.new_zeros(rows + len(kvs), heads, width, dim)  # (R, H, W, d)
-            v = v_old.new_zeros(rows + len(kvs), heads, width, dim)
-            k[:rows, :, pad:] = k_old
-            v[:rows, :, pad:] = v_old
-            for row, (kv, n) in enumerate(zip(kvs, lengths, strict=True), start=rows):
-                if n:
-                    k[row, :, width - n :] = kv[layer][0]
-                    v[row, :, width - n :] = kv[layer][1]
-            new_keys.append(k)
-            new_values.append(v)
-        self.width = width
-        self.cache = _growing_cache(new_keys, new_values)
+    def copy(self, source: int, target: int, columns: int) -> None:
+        """Copy columns [0, columns) of one slot into another (all layers, keys and values)."""
+        self.tensor[:, :, target, :, :columns] = self.tensor[:, :, source, :, :columns]
 
-    def take(self, rows: list[int]) -> list[KV | None]:
-        """Remove rows from the batch and return their caches (views: copy before keeping them long)."""
-        keys, values = self._tensors()
-        out: list[KV | None] = []
-        for r in rows:
-            s, e = self.start[r], self.end[r]
-            out.append([(k[r, :, s:e], v[r, :, s:e]) for k, v in zip(keys, values, strict=True)] if e > s else None)
-        gone = set(rows)
-        keep = [r for r in range(len(self)) if r not in gone]
-        if not keep:
-            self.__init__()
-            return out
-        left = min(self.start[r] for r in keep)  # leading columns that are padding in every row left
-        self.start = [self.start[r] - left for r in keep]
-        self.end = [self.end[r] - left for r in keep]
-        self.width -= left
-        if keys:
-            index = torch.tensor(keep, device=keys[0].device)
-            self.cache = _growing_cache([k[index, :, left:] for k in keys], [v[index, :, left:] for v in values])
-        return out
 
-    def forward(self, model, input_ids: torch.Tensor, new_mask: torch.Tensor, positions: torch.Tensor):
-        """Run (R, N) new tokens after the cached columns; returns the (R, V) logits of the last column.
-        The new columns join the cache; the caller moves `end` for the rows whose tokens were real."""
-        from transformers.cache_utils import DynamicCache
+class _SlotLayer(DynamicLayer):
+    """One layer of a transformers Cache whose keys and values live in preallocated slots."""
 
-        if self.cache is None:
-            self.cache = DynamicCache()
-        attention = torch.cat([self.mask(input_ids.device), new_mask], dim=1)  # (R, W + N)
-        if bool(attention.all()):
-            attention = None  # no padding anywhere: lets attention use its fused causal kernel
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
+    def __init__(self, kv: KVSlots, layer: int):
+        super().__init__()
+        self.is_initialized = True
+        self.kv, self.keys_all, self.values_all = kv, kv.tensor[layer, 0], kv.tensor[layer, 1]  # (S, H, C, d)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the (R, H, N, d) new keys and values into their slots; return the rows' (R, H, W, d) cache."""
+        plan = self.kv.plan
+        for store, states in ((self.keys_all, key_states), (self.values_all, value_states)):
+            if plan.decode is not None:
+                store[plan.decode[0], :, plan.decode[1]] = states[:, :, 0]  # (R, H, d), in place
+            else:
+                for row, (slot, column, n) in enumerate(plan.writes):
+                    store[slot, :, column : column + n] = states[row, :, :n]  # (H, n, d), in place
+        if isinstance(plan.rows, slice):
+            return self.keys_all[plan.rows, :, : plan.width], self.values_all[plan.rows, :, : plan.width]
+        # rows that are not adjacent: a copy of their cache for this layer only, freed after its attention
+        return (
+            self.keys_all[:, :, : plan.width].index_select(0, plan.rows),
+            self.values_all[:, :, : plan.width].index_select(0, plan.rows),
         )
-        self.width += input_ids.shape[1]
-        return out.logits[:, -1]  # (R, V)
+
+    # transformers asks these only to build its own causal mask: for a single row, nothing cached, no mask
+    def get_seq_length(self, *args) -> int:
+        return self.kv.plan.seen
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        return self.kv.plan.seen + query_length, 0
 
 
-# --- the engine -------------------------------------------------------------------------------------
+# --- one episode's sequence: bookkeeping, no model work ---------------------------------------------
 
 
 @dataclass
@@ -331,9 +330,12 @@ class _Live:
     index: int
     env: EnvLike
     traj: Trajectory
-    kv: KV | None = None
+    generator: torch.Generator
+    """The episode's own random stream."""
+    slot: int = -1
+    """Its slot in the KV cache (-1 before it gets one; the last one it had after it ended)."""
     cached: int = 0
-    """Tokens of traj.input_ids whose keys and values are in kv (all but the newest while live)."""
+    """Tokens of traj.input_ids whose keys and values are in its slot (all but the newest while live)."""
     message: list[int] = field(default_factory=list)
     budget: int = 0
     """Tokens the current message may sample."""
@@ -347,27 +349,18 @@ class _Live:
         t.old_logprobs += [logprob] * len(ids)
 
 
-class _Engine:
-    def __init__(self, policy, cfg: RolloutConfig, temperature: float, generator, logits_hook, stats):
-        self.model = policy.model
-        self.renderer = policy.renderer
-        self.device = policy.device
-        self.cfg = cfg
-        self.temperature = temperature
-        self.generator = generator
-        self.logits_hook = logits_hook
-        self.stats = stats
-        self.last_prompt: list[int] = []  # ids (all but the newest) of the last prompt prefilled...
-        self.last_prompt_kv: KV = []  # ...and their cache, for the next prompt's common prefix
+class _Sequences:
+    """Lays down an episode's tokens: the prompt, what the model samples, what the environment answers,
+    within the length limits. Knows the renderer and the environment, never the model."""
 
-    # -- episode bookkeeping -----------------------------------------------------------------------
+    def __init__(self, renderer, cfg: RolloutConfig):
+        self.renderer, self.cfg = renderer, cfg
 
-    def start(self, index: int, env: EnvLike) -> _Live:
+    def start(self, index: int, env: EnvLike, seed: int) -> _Live:
         """Reset the environment and lay down the prompt; a prompt over the limits ends it at once."""
         messages, tools = env.reset()
-        task_id = str(getattr(getattr(env, "task", None), "id", index))
-        traj = Trajectory(task_id, env, [], [], [], 0, False, [dict(m) for m in messages], list(tools))
-        live = _Live(index, env, traj)
+        traj = Trajectory(_task_id(env, index), env, [], [], [], 0, False, [dict(m) for m in messages], list(tools))
+        live = _Live(index, env, traj, torch.Generator().manual_seed(seed))
         ids = self.renderer.prompt_ids(messages, tools)
         room = self.cfg.max_total_tokens - 1 - len(self.renderer.close_ids)
         if len(ids) > self.cfg.max_prompt_tokens or len(ids) > room:
@@ -387,6 +380,13 @@ class _Engine:
         live.limited = min(response_left, total_left) <= cfg.max_new_tokens
         live.message = []
         assert live.budget >= 1, "a message begins only where at least one token fits"
+
+    def sampled(self, live: _Live, token: int, logprob: float) -> bool:
+        """Add one sampled token; True if it ends the message."""
+        live.add([token], sampled=True, logprob=logprob)
+        live.message.append(token)
+        live.traj.n_sampled += 1
+        return token in self.renderer.stop_ids or len(live.message) >= live.budget
 
     def end_message(self, live: _Live) -> bool:
         """The model finished (or was cut off in) a message: step the env, lay down what follows.
@@ -434,7 +434,6 @@ class _Engine:
         if not (observation and self.append(live, observation, generation_prompt=False, room=0)):
             if not self.append(live, [], generation_prompt=False, room=0):
                 live.traj.exact = False
-        live.kv = None
 
     def truncate(self, live: _Live) -> bool:
         live.env.truncate()
@@ -442,7 +441,62 @@ class _Engine:
         self.close(live, [])
         return False
 
-    # -- model work --------------------------------------------------------------------------------
+
+def _task_id(env, index: int) -> str:
+    task = getattr(env, "task", None)
+    return str(getattr(task, "id", None) or f"#{index}")
+
+
+# --- batched model work ------------------------------------------------------------------------------
+
+GATHER_SHARE = 0.1
+"""A prefill of episodes in slots that are not adjacent copies their caches for one layer at a time;
+chunks are kept small enough that this copy stays under this share of the slots' memory."""
+
+
+class _Batch:
+    """The live episodes in their slots, and the forwards that run them: prefill and decode."""
+
+    def __init__(self, policy, cfg: RolloutConfig, slots: int, prefill_tokens: int, temperature: float, stats):
+        self.model, self.device, self.cfg, self.pad_id = policy.model, policy.device, cfg, policy.renderer.pad_id
+        self.temperature, self.prefill_tokens, self.stats = temperature, prefill_tokens, stats
+        config = _causal_lm(policy.model).config
+        self.kv = KVSlots(config, slots, cfg.max_total_tokens, policy.dtype, policy.device)
+        stats.kv_cache_bytes = max(stats.kv_cache_bytes, self.kv.nbytes)
+        self.eager = config._attn_implementation == "eager"  # additive float masks instead of boolean ones
+        layers = _kv_shape(config)[0]
+        self.gather_columns = int(GATHER_SHARE * layers * slots * cfg.max_total_tokens)
+        self.owner: list[_Live | None] = [None] * slots
+        """The episode whose keys and values each slot holds (live, or ended and not yet overwritten)."""
+        self.live: list[_Live] = []
+        self.last_prompt: _Live | None = None  # the last prompt prefilled: the next one may share its prefix
+
+    def has_room(self) -> bool:
+        return len(self.live) < self.kv.slots
+
+    def admit(self, live: _Live) -> None:
+        """Give an episode a free slot (the lowest, so live slots stay packed at the front)."""
+        used = {x.slot for x in self.live}
+        live.slot = next(s for s in range(self.kv.slots) if s not in used)
+        self.live.append(live)
+
+    def release(self, live: _Live) -> None:
+        """An episode ended: its slot is free (its data stays until overwritten)."""
+        self.live.remove(live)
+
+    def pack(self) -> list[_Live]:
+        """Move episodes from the back into free slots so the live ones hold slots 0..n-1; returns them
+        in slot order (the rows of a decode forward, read as one view of the cache)."""
+        by_slot = sorted(self.live, key=lambda x: x.slot)
+        for target in range(len(by_slot)):
+            if by_slot[target].slot != target:  # a hole: the episode in the last slot moves into it
+                moved = by_slot.pop()
+                self.kv.copy(moved.slot, target, moved.cached)
+                moved.slot, self.owner[target] = target, moved
+                by_slot.insert(target, moved)
+        return by_slot
+
+    # -- prefill ---------------------------------------------------------------------------------------
 
     def prefill(self, lives: list[_Live]) -> None:
         """Bring each episode's cache up to all but its newest token.
@@ -455,17 +509,20 @@ class _Engine:
         results = sorted((x for x in lives if x.cached > 0), key=lambda x: len(x.traj.input_ids) - x.cached)
         for live in prompts:
             ids = live.traj.input_ids[:-1]
-            shared = len(os.path.commonprefix([self.last_prompt, ids]))
-            # A short common prefix saves little, and a long prefill after a cache cannot use the fused
-            # causal kernel (measured 2x slower on CPU), so only reuse one that covers half the prompt.
-            if shared >= len(ids) // 2:
-                live.kv = [(k[:, :shared], v[:, :shared]) for k, v in self.last_prompt_kv]
-                live.cached = shared
-            if live.cached < len(ids):
-                # Alone: without padding, attention can use its fused kernel, and a prompt of thousands
-                # of tokens keeps the device busy by itself.
-                self._prefill_chunk([live])
-            self.last_prompt, self.last_prompt_kv = ids, live.kv
+            source = self.last_prompt
+            if source is not None and self.owner[source.slot] is source:  # its cache is still in its slot
+                shared = min(
+                    len(os.path.commonprefix([source.traj.input_ids[: source.traj.prompt_len - 1], ids])), source.cached
+                )
+                # A short common prefix saves little, and a long prefill after a cache cannot use the fused
+                # causal kernel (measured 2x slower on CPU), so only reuse one that covers half the prompt.
+                if shared >= len(ids) // 2:
+                    if source.slot != live.slot:
+                        self.kv.copy(source.slot, live.slot, shared)
+                    live.cached = shared
+            self.owner[live.slot] = live
+            self._prefill_alone(live)  # a prompt of thousands of tokens keeps the device busy by itself
+            self.last_prompt = live
         # Tool results and next user turns: batched with others of similar length (at most twice as
         # long, plus a little), so padding stays small.
         chunk: list[_Live] = []
@@ -475,104 +532,153 @@ class _Engine:
                 continue
             if chunk:
                 shortest = len(chunk[0].traj.input_ids) - 1 - chunk[0].cached
-                if n * (len(chunk) + 1) > self.cfg.prefill_tokens or n > 2 * shortest + 32:
+                width = max(len(x.traj.input_ids) for x in (*chunk, live))
+                if (
+                    n * (len(chunk) + 1) > self.prefill_tokens
+                    or n > 2 * shortest + 32
+                    or width * (len(chunk) + 1) > self.gather_columns
+                ):
                     self._prefill_chunk(chunk)
                     chunk = []
             chunk.append(live)
         if chunk:
             self._prefill_chunk(chunk)
 
+    def _prefill_alone(self, live: _Live) -> None:
+        """One episode's new tokens, in pieces of at most prefill_tokens (bounds the activations)."""
+        while live.cached < len(live.traj.input_ids) - 1:
+            self._prefill_chunk([live])
+
     def _prefill_chunk(self, lives: list[_Live]) -> None:
-        new = [live.traj.input_ids[live.cached : -1] for live in lives]
+        limit = self.prefill_tokens if len(lives) == 1 else None  # a chunk of several is sized by prefill()
+        new = [live.traj.input_ids[live.cached : -1][:limit] for live in lives]
         width = max(len(n) for n in new)
-        pad = self.renderer.pad_id
-        input_ids = torch.tensor([n + [pad] * (width - len(n)) for n in new], device=self.device)  # (R, N)
-        new_mask = torch.tensor([[1] * len(n) + [0] * (width - len(n)) for n in new], device=self.device)
-        positions = torch.tensor([[live.cached + j for j in range(width)] for live in lives], device=self.device)
+        input_ids = torch.tensor([n + [self.pad_id] * (width - len(n)) for n in new], device=self.device)  # (R, N)
         started = time.perf_counter()
-        batch = _KVBatch()
-        batch.put([live.kv for live in lives])
-        before = batch.width
-        batch.forward(self.model, input_ids, new_mask, positions)
-        # Right padding: each row's new tokens follow its cache directly; the padding after them is dropped.
-        batch.end = [before + len(n) for n in new]
-        for live, kv, n in zip(lives, batch.take(list(range(len(lives)))), new, strict=True):
-            live.kv = [(k.clone(), v.clone()) for k, v in kv]  # own copies, so the batch can be freed
+        # A prompt with nothing cached needs no mask: attention can use its fused causal kernel.
+        fresh = len(lives) == 1 and lives[0].cached == 0
+        self._forward(lives, input_ids, [len(n) for n in new], mask=not fresh)
+        for live, n in zip(lives, new, strict=True):
             live.cached += len(n)
+            self.owner[live.slot] = live
         self.stats.forwards += 1
-        self.stats.model_tokens += sum(len(n) for n in new)
-        self.stats.pad_tokens += sum(width - len(n) for n in new)
+        real = sum(len(n) for n in new)
+        self.stats.model_tokens += real
+        self.stats.prefilled_tokens += real
+        self.stats.pad_tokens += len(new) * width - real
         self.stats.prefill_seconds += time.perf_counter() - started
 
-    def decode(self, batch: _KVBatch, rows: list[_Live]) -> list[int]:
-        """One token per row per forward until at least one row's message ends; returns those rows."""
-        stop_ids = self.renderer.stop_ids
+    # -- decode ------------------------------------------------------------------------------------------
+
+    def decode(self, sequences: _Sequences, hook: LogitsHook | None) -> list[_Live]:
+        """One token per live episode per forward until at least one message ends; returns those episodes."""
+        rows = self.pack()
         started = time.perf_counter()
         while True:
             input_ids = torch.tensor([[live.traj.input_ids[-1]] for live in rows], device=self.device)  # (R, 1)
-            positions = torch.tensor([[live.cached] for live in rows], device=self.device)
-            self.stats.kv_slots += len(rows) * (batch.width + 1)
+            self.stats.kv_columns += len(rows) * (max(live.cached for live in rows) + 1)
             self.stats.kv_used += sum(live.cached + 1 for live in rows)
-            logits = batch.forward(self.model, input_ids, torch.ones_like(input_ids), positions).float()  # (R, V)
-            batch.end = [e + 1 for e in batch.end]
+            logits = self._forward(rows, input_ids, [1] * len(rows), mask=True).float()  # (R, V)
             for live in rows:
                 live.cached += 1
             logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
-            if self.logits_hook is not None:
-                logits = self.logits_hook([x.index for x in rows], [list(x.message) for x in rows], logits)
-            tokens = sample_tokens(logits, self.temperature, self.cfg.top_p, self.generator)  # (R,)
+            if hook is not None:
+                logits = hook([x.index for x in rows], [list(x.message) for x in rows], logits)
+            uniforms = None
+            if self.temperature > 0:  # each episode's own stream, whatever the rows beside it
+                uniforms = torch.cat([torch.rand(1, generator=live.generator) for live in rows])  # (R,)
+            tokens = sample_tokens(logits, self.temperature, self.cfg.top_p, uniforms=uniforms)  # (R,)
             token_logprobs = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # (R,)
             self.stats.forwards += 1
             self.stats.decode_steps += 1
             self.stats.model_tokens += len(rows)
-            ended = []
-            for row, (live, token, logprob) in enumerate(
-                zip(rows, tokens.tolist(), token_logprobs.tolist(), strict=True)
-            ):
-                live.add([token], sampled=True, logprob=logprob)
-                live.message.append(token)
-                live.traj.n_sampled += 1
-                if token in stop_ids or len(live.message) >= live.budget:
-                    ended.append(row)
+            ended = [
+                live
+                for live, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist(), strict=True)
+                if sequences.sampled(live, token, logprob)
+            ]
             if ended:
                 self.stats.decode_seconds += time.perf_counter() - started
                 return ended
 
-    def run(self, envs: list, progress: bool) -> list[Trajectory]:
-        lives = [self.start(i, env) for i, env in enumerate(envs)]
-        waiting = [live for live in lives if not live.traj.truncated]
-        slots = self.stats.concurrency
-        bar = None
-        if progress:
-            from tqdm import tqdm
+    def _forward(self, lives: list[_Live], input_ids: torch.Tensor, lengths: list[int], mask: bool) -> torch.Tensor:
+        """Run (R, N) new tokens (row r's first lengths[r] real) after each row's cached tokens; their keys
+        and values go into the rows' slots. Returns the (R, V) logits of the last column."""
+        rows, new = input_ids.shape
+        dev = self.device
+        cached = [live.cached for live in lives]
+        slots = [live.slot for live in lives]
+        positions = torch.tensor(cached, device=dev)[:, None] + torch.arange(new, device=dev)[None, :]  # (R, N)
+        width = max(c + n for c, n in zip(cached, lengths, strict=True))
+        adjacent = slots == list(range(slots[0], slots[0] + rows))
+        self.kv.plan = _Plan(
+            rows=slice(slots[0], slots[0] + rows) if adjacent else torch.tensor(slots, device=dev),
+            width=width,
+            writes=list(zip(slots, cached, lengths, strict=True)),
+            decode=(torch.tensor(slots, device=dev), positions[:, 0]) if new == 1 else None,
+            seen=cached[0] if not mask else 0,
+        )
+        attention = None
+        if mask:
+            # query (r, j) at position cached_r + j sees the columns up to its own
+            visible = torch.arange(width, device=dev)[None, None, :] <= positions[:, :, None]  # (R, N, W)
+            attention = visible[:, None]  # (R, 1, N, W), as transformers' 4-D masks
+            if self.eager:
+                attention = torch.zeros(attention.shape, dtype=self.kv.tensor.dtype, device=dev).masked_fill(
+                    ~attention, torch.finfo(self.kv.tensor.dtype).min
+                )
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=self.kv.transformers,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]  # (R, V)
 
-            bar = tqdm(total=len(envs), desc="rollouts", unit="episode")
-            bar.update(len(envs) - len(waiting))
-        batch, rows, ready = _KVBatch(), [], []
+
+# --- the loop ----------------------------------------------------------------------------------------
+
+
+class _Engine:
+    def __init__(self, policy, cfg: RolloutConfig, temperature: float, logits_hook, stats, slots: int, prefill: int):
+        self.sequences = _Sequences(policy.renderer, cfg)
+        self.batch = _Batch(policy, cfg, slots, prefill, temperature, stats)
+        self.logits_hook, self.stats = logits_hook, stats
+        self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
+        self.finished: dict[int, Trajectory] = {}
+        """Episodes that ended, by env index: kept if a later forward runs out of memory."""
+
+    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], progress) -> None:
+        lives = [self.sequences.start(i, env, seeds[i]) for i, env in envs.items()]
+        for live in lives:
+            if live.traj.truncated:  # its prompt alone was over the limits
+                self._finish(live, progress)
         # Sorted by prompt ids, so prompts with long common prefixes follow each other (see prefill).
-        queue = sorted(waiting, key=lambda live: live.traj.input_ids, reverse=True)
-        while queue or rows or ready:
-            while queue and len(rows) + len(ready) < slots:
-                ready.append(queue.pop())
-            if ready:
-                self.prefill(ready)
-                batch.put([live.kv for live in ready])
-                for live in ready:
-                    live.kv = None  # the batch holds it now
-                rows += ready
-                ready = []
-            ended = self.decode(batch, rows)
-            for live, kv in zip([rows[r] for r in ended], batch.take(ended), strict=True):
-                live.kv = kv
-                if self.end_message(live):
+        queue = sorted((x for x in lives if not x.traj.truncated), key=lambda x: x.traj.input_ids, reverse=True)
+        ready: list[_Live] = []
+        while queue or self.batch.live:
+            while queue and self.batch.has_room():
+                live = queue.pop()
+                self.batch.admit(live)
+                ready.append(live)
+            self.batch.prefill(ready)  # new prompts, and the tokens that followed the last messages
+            ready = []
+            for live in self.batch.decode(self.sequences, self.logits_hook):
+                if self.sequences.end_message(live):
                     ready.append(live)  # its new tokens are prefilled before it decodes again
-                elif bar is not None:
-                    bar.update(1)
-            gone = set(ended)
-            rows = [live for r, live in enumerate(rows) if r not in gone]
-        if bar is not None:
-            bar.close()
-        return [live.traj for live in lives]
+                else:
+                    self.batch.release(live)
+                    self._finish(live, progress)
+
+    def _finish(self, live: _Live, progress) -> None:
+        self.finished[live.index] = live.traj
+        if progress is not None:
+            sampled = self.stats.model_tokens - self.stats.prefilled_tokens - self.sampled_before  # one per decode row
+            rate = sampled / max(time.perf_counter() - self.started, 1e-9)
+            progress.set_postfix_str(f"{rate:.0f} sampled tok/s", refresh=False)
+            progress.update(1)
 
 
 def _check_cache_layout(model) -> None:
@@ -590,6 +696,15 @@ def _check_cache_layout(model) -> None:
             f"model.name: layer types {sorted(set(types))} are not supported by the rollout engine, which "
             "keeps one full-attention KV cache per layer (Llama / Qwen2 / SmolLM style models)"
         )
+    if config._attn_implementation not in ("sdpa", "eager", "seal_mini_sdpa"):
+        raise ConfigError(
+            f"model.attn_implementation: {config._attn_implementation} cannot take the per-episode attention masks "
+            "the rollout engine builds (its episodes sit at different positions of one cache); use sdpa or eager"
+        )
+
+
+MIN_PREFILL_TOKENS = 256
+"""Out of memory with one episode at a time: prefill pieces halve down to this many tokens."""
 
 
 @torch.no_grad()
@@ -598,32 +713,86 @@ def run_rollouts(
     envs: list,
     cfg_rollout: RolloutConfig,
     temperature: float,
-    generator: torch.Generator | None = None,
-    progress: bool = False,
+    seed: int | tuple[int, ...] = 0,
+    progress=None,
     stats: RolloutStats | None = None,
     logits_hook: LogitsHook | None = None,
 ) -> list[Trajectory]:
     """Run every episode to its end with the policy; trajectories come back in the order of envs.
 
-    Sampling follows temperature (0 = greedy) and cfg_rollout.top_p, drawing from `generator` (or the
-    global torch generator), so the same seed and settings give the same rollouts."""
+    Sampling follows temperature (0 = greedy) and cfg_rollout.top_p. Episode i draws from its own stream,
+    seeded by (seed, its task id, how many episodes of that task came before it in envs), so the same seed
+    gives the same rollouts at any concurrency. `progress` (a tqdm bar) advances once per finished episode.
+
+    On a CUDA out-of-memory error the finished episodes are kept and the others run again from their
+    start with half the slots (then smaller prefill pieces); policy.limits remembers the smaller setting."""
     _check_cache_layout(policy.model)
     if len({id(env) for env in envs}) != len(envs):
         raise ValueError("an episode object appears more than once in envs; make one per rollout")
     stats = stats if stats is not None else RolloutStats()
-    stats.concurrency = concurrency(policy, cfg_rollout, len(envs))
+    seeds, seen = {}, {}
+    for i, env in enumerate(envs):
+        task = _task_id(env, i)
+        seen[task] = seen.get(task, -1) + 1
+        seeds[i] = episode_seed(seed, task, seen[task])
+    limits = policy.limits
+    slots = concurrency(policy, cfg_rollout, len(envs))
+    prefill = min(cfg_rollout.prefill_tokens, limits.prefill_tokens or cfg_rollout.prefill_tokens)
     was_training = policy.model.training
     policy.model.eval()  # no dropout while sampling; gradient checkpointing is off outside training
     started = time.perf_counter()
+    finished: dict[int, Trajectory] = {}
     try:
-        trajectories = _Engine(policy, cfg_rollout, temperature, generator, logits_hook, stats).run(envs, progress)
+        while len(finished) < len(envs):
+            todo = {i: env for i, env in enumerate(envs) if i not in finished}
+            engine = None
+            try:
+                engine = _Engine(policy, cfg_rollout, temperature, logits_hook, stats, min(slots, len(todo)), prefill)
+                engine.run(todo, seeds, progress)
+                finished.update(engine.finished)
+            except torch.OutOfMemoryError:
+                if engine is not None:
+                    finished.update(engine.finished)
+                del engine
+                devices.release_memory(policy.device)
+                stats.out_of_memory += 1
+                slots, prefill = _shrink_rollouts(slots, prefill, len(envs) - len(finished), limits)
     finally:
         policy.model.train(was_training)
+    trajectories = [finished[i] for i in range(len(envs))]
+    stats.concurrency = min(slots, len(envs))
     stats.seconds += time.perf_counter() - started
     stats.episodes += len(trajectories)
     stats.sampled_tokens += sum(t.n_sampled for t in trajectories)
     stats.sequence_tokens += sum(len(t.input_ids) for t in trajectories)
     return trajectories
+
+
+def _shrink_rollouts(slots: int, prefill: int, unfinished: int, limits) -> tuple[int, int]:
+    """The next, smaller setting after an out-of-memory error, remembered in limits; says what shrank."""
+    if slots > 1:
+        smaller = slots // 2
+        limits.max_concurrent = smaller
+        what = f"{slots} -> {smaller} episodes at once (rollout.max_concurrent={smaller} sets this from the start)"
+        slots = smaller
+    elif prefill > MIN_PREFILL_TOKENS:
+        smaller = max(MIN_PREFILL_TOKENS, prefill // 2)
+        limits.prefill_tokens = smaller
+        what = f"prefill pieces of {prefill} -> {smaller} tokens (rollout.prefill_tokens={smaller})"
+        prefill = smaller
+    else:
+        raise ConfigError(
+            "out of GPU memory with one episode at a time and prefill pieces of "
+            f"{MIN_PREFILL_TOKENS} tokens: a slot holds rollout.max_total_tokens tokens of KV cache; lower "
+            "rollout.max_total_tokens, or use a smaller model (python -m seal_mini preflight RECIPE measures it)"
+        )
+    print(
+        f"[memory] out of GPU memory in a rollout wave: {what}; {unfinished} unfinished episodes start again "
+        "(finished ones are kept)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return slots, prefill
 
 
 def rendered_text(policy, trajectory: Trajectory) -> str:

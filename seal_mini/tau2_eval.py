@@ -577,8 +577,13 @@ class Tau2ScriptedAgent:
             raise ConfigError(f"--scripted {mode}: choose from {list(self.MODES)}")
         self.mode, self.name = mode, f"scripted:{mode}"
 
-    def run(self, envs: list) -> list[dict]:
-        return [self._play(env) for env in envs]
+    def run(self, envs: list, progress=None) -> list[dict]:
+        records = []
+        for env in envs:
+            records.append(self._play(env))
+            if progress is not None:
+                progress.update(1)
+        return records
 
     def _play(self, env: Tau2Episode) -> dict:
         messages, _ = env.reset()
@@ -671,14 +676,13 @@ def evaluate_tau2(
         for start in range(0, len(todo), chunk_size):
             chunk = todo[start : start + chunk_size]
             envs = [Tau2Episode(d, task, user, cfg.ood.tau2_max_steps) for d, task in chunk]
-            records = agent.run(envs)
+            records = agent.run(envs, progress=bar)
             rows = [
                 {"task_id": env.task.id, "column": env.domain, **env.score(), **record}
                 for env, record in zip(envs, records, strict=True)
             ]
             write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
             done_rows += rows
-            bar.update(len(chunk))
         bar.close()
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}

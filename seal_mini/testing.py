@@ -146,8 +146,8 @@ class Interrupting:
         self.agent, self.after, self.calls = agent, after, 0
         self.name = agent.name  # the same policy, so a resumed evaluation may reuse its pieces
 
-    def run(self, envs: list) -> list[dict]:
+    def run(self, envs: list, progress=None) -> list[dict]:
         if self.calls == self.after:
             raise KeyboardInterrupt
         self.calls += 1
-        return self.agent.run(envs)
+        return self.agent.run(envs, progress)

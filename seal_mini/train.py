@@ -33,6 +33,7 @@ import torch
 
 from seal_mini.bfcl import Task, load_split, pick
 from seal_mini.config import Config, ConfigError, config_from_dict, load_config
+from seal_mini.device import release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.env import Episode
 from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
@@ -115,7 +116,10 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
 
 
 def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advantages: torch.Tensor, cfg: Config):
-    """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences."""
+    """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences.
+
+    A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
+    the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
     model, tc = policy.model, cfg.train
     params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
@@ -131,20 +135,18 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
         n_tokens = sum(sum(trajectories[i].loss_mask) for i in mini)
         if n_tokens == 0:
             continue
-        for m in range(0, len(mini), tc.micro_batch):
-            micro = mini[m : m + tc.micro_batch]
-            ids, attention, mask, old = collate([trajectories[i] for i in micro], policy.device)
-            ref = None
-            if tc.kl_coef > 0:
-                with torch.no_grad(), policy.reference():
-                    ref = token_logprobs(model, ids, attention, mask, tc.logprob_chunk)  # (b, T)
-            logp = token_logprobs(model, ids, attention, mask, tc.logprob_chunk)  # (b, T)
-            loss, metrics = policy_loss(
-                logp, old, ref, advantages[micro].to(policy.device), mask, tc.clip_ratio, tc.kl_coef, n_tokens
-            )
-            loss.backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+        while True:
+            try:
+                mini_sums = accumulate_gradients(
+                    policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg
+                )
+                break
+            except torch.OutOfMemoryError:
+                optimizer.zero_grad(set_to_none=True)  # the failed try's partial gradients go
+                release_memory(policy.device)
+                shrink_update(policy.limits, tc)
+        for k, v in mini_sums.items():
+            sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -156,6 +158,52 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
     out["losses/optimizer_steps"] = steps
     out["losses/lr"] = scheduler.get_last_lr()[0]
     return out
+
+
+def accumulate_gradients(
+    policy, trajectories: list[Trajectory], advantages: torch.Tensor, n_tokens: int, cfg: Config
+) -> dict[str, float]:
+    """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums."""
+    model, tc, limits = policy.model, cfg.train, policy.limits
+    micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
+    chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)
+    sums: dict[str, float] = {}
+    for m in range(0, len(trajectories), micro_batch):
+        ids, attention, mask, old = collate(trajectories[m : m + micro_batch], policy.device)
+        ref = None
+        if tc.kl_coef > 0:
+            with torch.no_grad(), policy.reference():
+                ref = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
+        logp = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
+        micro_adv = advantages[m : m + micro_batch].to(policy.device)  # (b,)
+        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, n_tokens)
+        loss.backward()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+    return sums
+
+
+MIN_LOGPROB_CHUNK = 32
+"""Out of memory with one sequence per micro-batch: the log-prob chunk halves down to this."""
+
+
+def shrink_update(limits, tc) -> None:
+    """After an out-of-memory error in the update: halve the micro-batch, else the log-prob chunk; say so."""
+    micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
+    chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)
+    if micro_batch > 1:
+        limits.micro_batch = micro_batch // 2
+        what = f"train.micro_batch {micro_batch} -> {limits.micro_batch}"
+    elif chunk > MIN_LOGPROB_CHUNK:
+        limits.logprob_chunk = max(MIN_LOGPROB_CHUNK, chunk // 2)
+        what = f"train.logprob_chunk {chunk} -> {limits.logprob_chunk}"
+    else:
+        raise ConfigError(
+            f"out of GPU memory in the update with one sequence per micro-batch and log-prob chunks of {chunk}: "
+            "the longest sequences do not fit; lower rollout.max_total_tokens, set model.gradient_checkpointing=true, "
+            "or use a smaller model (python -m seal_mini preflight RECIPE measures it)"
+        )
+    print(f"[memory] out of GPU memory in the update: {what}; the mini-batch starts again", file=sys.stderr, flush=True)
 
 
 # --- checkpoints ------------------------------------------------------------------------------------
@@ -297,12 +345,13 @@ def train(cfg: Config, resume: bool = False):
 
     for step in tqdm(range(state.step, cfg.train.steps), desc="train", initial=state.step, total=cfg.train.steps):
         t0 = time.perf_counter()
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
 
-        # 1. rollouts: G on-policy episodes per task, through the interface Omega_t
+        # 1. rollouts: G on-policy episodes per task, through the interface Omega_t; each episode samples
+        #    from its own stream, seeded by (seed, step, task, sample)
         tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
         envs = [make_env(task, cfg, state.interface) for task in tasks for _ in range(G)]
-        trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, generator)
+        with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False) as bar:
+            trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, (cfg.seed, step), progress=bar)
         t_rollout = time.perf_counter() - t0
 
         # 2. rewards: the unchanged benchmark verifier

@@ -85,12 +85,12 @@ def test_resume_reuses_finished_pieces(tmp_path, monkeypatch):
     agent = ScriptedAgenticAgent("answer")
     real_run, calls = agent.run, []
 
-    def dies_after_the_chains_and_one_piece(envs):
+    def dies_after_the_chains_and_one_piece(envs, progress=None):
         if not envs[0].item.prereq:
             calls.append(len(envs))
             if len(calls) == 2:
                 raise KeyboardInterrupt
-        return real_run(envs)
+        return real_run(envs, progress)
 
     cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=25"])
     agent.run = dies_after_the_chains_and_one_piece
@@ -134,7 +134,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
     }
 
     class Probe(ScriptedAgenticAgent):
-        def run(self, envs):
+        def run(self, envs, progress=None):
             inside.append(len(active_guards()))
             for name, probe in probes.items():
                 try:
@@ -142,7 +142,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
                     attempts.append((name, "reached"))
                 except NetworkRefused:
                     attempts.append((name, "refused"))
-            return super().run(envs)
+            return super().run(envs, progress)
 
     cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=1"])
     evaluate_bfcl_v4(Probe("empty"), cfg, tmp_path, "p", progress=False)

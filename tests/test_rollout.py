@@ -105,7 +105,7 @@ def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
     ]
     script = Script({0: oracle_script(policy, base), 1: oracle_script(policy, reveal), 2: broken})
     envs = [Episode(base), Episode(reveal), Episode(two_turns)]
-    trajs = run_rollouts(policy, envs, rollout_cfg(), 1.0, torch.Generator().manual_seed(0), logits_hook=script)
+    trajs = run_rollouts(policy, envs, rollout_cfg(), 1.0, 0, logits_hook=script)
 
     for i, traj in enumerate(trajs):
         check_exact(policy, traj, script.forced[i])
@@ -168,9 +168,9 @@ def sampled(policy):
     envs = lambda: [Episode(TASKS[i]) for i in ("multi_turn_base_50", "multi_turn_miss_func_50") * 2]  # noqa: E731
     cfg = rollout_cfg(max_new_tokens=24)
     stats = RolloutStats()
-    first = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(7), stats=stats)
-    again = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(7))
-    other = run_rollouts(policy, envs(), cfg, 1.0, torch.Generator().manual_seed(8))
+    first = run_rollouts(policy, envs(), cfg, 1.0, 7, stats=stats)
+    again = run_rollouts(policy, envs(), cfg, 1.0, 7)
+    other = run_rollouts(policy, envs(), cfg, 1.0, 8)
     return first, again, other, stats
 
 
@@ -273,3 +273,74 @@ def test_engine_refuses_an_unsloth_patched_model(monkeypatch):
     monkeypatch.setattr(decoder_class, "forward", patched_forward)
     with pytest.raises(ConfigError, match="use model.backend=hf"):
         _check_cache_layout(policy.model)
+
+
+def sampled_episodes(policy, slots: int, seed: int = 3) -> list:
+    """16 episodes (8 tasks x 2 samples) sampled at temperature 1 with `slots` of them at once."""
+    ids = [i for i in TASKS if i.endswith(("_1", "_2", "_3", "_4"))]
+    assert len(ids) == 8
+    cfg = rollout_cfg(max_new_tokens=12, max_response_tokens=48, max_concurrent=slots)
+    envs = [Episode(TASKS[i]) for i in ids for _ in range(2)]
+    stats = RolloutStats()
+    trajs = run_rollouts(policy, envs, cfg, 1.0, seed, stats=stats)
+    assert stats.concurrency == slots
+    return trajs
+
+
+def test_samples_do_not_depend_on_how_many_episodes_run_at_once(policy):
+    """Each episode draws from its own stream (seed, task, sample): 1, 3 or 16 at once, the same tokens."""
+    runs = {slots: sampled_episodes(policy, slots) for slots in (1, 3, 16)}
+    one = runs[1]
+    assert len({tuple(t.input_ids) for t in one}) == 16  # two samples of a task differ: their own streams
+    for slots in (3, 16):
+        for a, b in zip(one, runs[slots], strict=True):
+            assert a.input_ids == b.input_ids and a.loss_mask == b.loss_mask and a.messages == b.messages
+            assert max(abs(x - y) for x, y in zip(a.old_logprobs, b.old_logprobs, strict=True)) < 1e-4
+    assert [t.input_ids for t in sampled_episodes(policy, 3, seed=4)] != [t.input_ids for t in one]
+
+
+class OutOfMemoryAbove:
+    """Makes every model forward with more than `rows` sequences raise CUDA's out-of-memory error (after
+    `after` forwards have run), as a card too small for that batch would."""
+
+    def __init__(self, model, rows: int, after: int = 0):
+        self.rows, self.after, self.forwards, self.raised = rows, after, 0, 0
+        decoder = model.get_base_model().model
+        self.hook = decoder.register_forward_pre_hook(self, with_kwargs=True)
+
+    def __call__(self, module, args, kwargs):
+        self.forwards += 1
+        if kwargs["input_ids"].shape[0] > self.rows and self.forwards > self.after:
+            self.raised += 1
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+
+class CountingEpisode(Episode):
+    def reset(self):
+        self.resets = getattr(self, "resets", 0) + 1
+        return super().reset()
+
+
+def test_out_of_memory_in_a_wave_redoes_the_unfinished_episodes_with_fewer_slots(capsys):
+    policy = load_policy(load_config(None, ["model.name=tiny-random", "device=cpu"]))
+    ids = [i for i in TASKS if i.endswith(("_1", "_2", "_3"))]
+    cfg = rollout_cfg(max_new_tokens=12, max_response_tokens=48, max_concurrent=6)
+    envs = [CountingEpisode(TASKS[i]) for i in ids]
+    injected = OutOfMemoryAbove(policy.model, rows=1, after=50)  # some episodes finish before it strikes
+    stats = RolloutStats()
+    try:
+        trajs = run_rollouts(policy, envs, cfg, 1.0, 5, stats=stats)
+    finally:
+        injected.hook.remove()
+    warning = capsys.readouterr().err
+    assert injected.raised >= 2 and stats.out_of_memory == injected.raised
+    assert "6 -> 3 episodes at once" in warning and "3 -> 1 episodes at once" in warning
+    assert policy.limits.max_concurrent == 1 and stats.concurrency == 1
+    kept = [env for env in envs if env.resets == 1]
+    assert kept and len(kept) < len(envs)  # finished ones were kept, the others started again
+    # nothing lost, and the round is the one the smaller setting computes
+    policy.limits.max_concurrent = 0
+    again = run_rollouts(policy, [Episode(TASKS[i]) for i in ids], dataclasses.replace(cfg, max_concurrent=1), 1.0, 5)
+    assert len(trajs) == len(envs) and all(t.env.done for t in trajs)
+    for a, b in zip(trajs, again, strict=True):
+        assert a.input_ids == b.input_ids and a.messages == b.messages

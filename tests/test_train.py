@@ -76,7 +76,7 @@ def test_policy_gradient_learns_a_rewarded_output():
     history = []
     for step in range(30):
         envs = [OneShot(i) for i in range(prompts) for _ in range(G)]
-        trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, torch.Generator().manual_seed(step))
+        trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, step)
         rewards = [float(t.input_ids[t.prompt_len] % 8 == 0) for t in trajs]
         history.append(sum(rewards) / len(rewards))
         if history[-1] >= 0.9:
@@ -149,3 +149,40 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert any(abs(r["losses/grad_norm"]) > 0 for r in rows_a)
     base = load_file(str(straight.run_dir / "checkpoint" / "adapter" / "adapter_model.safetensors"))
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
+
+
+def test_out_of_memory_in_rollouts_and_update_gives_the_round_of_the_smaller_setting(tmp_path, monkeypatch, capsys):
+    """A card that fits one sequence per forward: the round at 4 episodes at once and micro-batches of 2
+    shrinks to 1 and 1 (rollout wave and update micro-batch, the KL reference pass first), and comes out
+    exactly as a run configured that small from the start; nothing is lost."""
+    from test_rollout import OutOfMemoryAbove
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    one_step = [*RESUME, "train.steps=2", "rollout.max_concurrent=4", f"out_dir={tmp_path}"]
+    small = load_config(overrides=[*one_step, "name=small", "rollout.max_concurrent=1", "train.micro_batch=1"])
+    train_module.train(small)
+
+    real_load = train_module.load_policy
+    injected = []
+
+    def load_a_small_card(cfg):
+        policy = real_load(cfg)
+        injected.append(OutOfMemoryAbove(policy.model, rows=1))
+        return policy
+
+    monkeypatch.setattr(train_module, "load_policy", load_a_small_card)
+    shrunk = load_config(overrides=[*one_step, "name=shrunk"])
+    _, policy = train_module.train(shrunk)
+    warnings = capsys.readouterr().err
+    assert "4 -> 2 episodes at once" in warnings and "train.micro_batch 2 -> 1" in warnings
+    assert policy.limits.max_concurrent == 1 and policy.limits.micro_batch == 1
+    assert injected[0].raised >= 3  # two rollout retries, one update retry; step 2 started small
+
+    a = load_file(str(small.run_dir / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(shrunk.run_dir / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    untimed = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731
+    assert untimed(read_metrics(small.run_dir)) == untimed(read_metrics(shrunk.run_dir))
+    assert len(read_metrics(shrunk.run_dir)) == 2 and any(
+        r["losses/grad_norm"] > 0 for r in read_metrics(shrunk.run_dir)
+    )
