@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from seal_mini.config import ConfigError
@@ -16,6 +17,7 @@ COMMANDS = {
     "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": ("seal_mini.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
     "bench": ("seal_mini.bench", "benchmarks that print numbers (bench rollout: batched vs one-at-a-time rollouts)"),
+    "preflight": ("seal_mini.preflight", "memory and speed of a recipe on this machine, random weights, no download"),
 }
 
 
@@ -26,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:<16} {text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    # Rollouts hold one large KV block per layer, then the update allocates activations of every length.
+    # With fixed-size segments the CUDA allocator cannot hand one's freed memory to the other unless the
+    # sizes match, and reserved-but-unusable memory piles up; expandable segments grow and shrink in
+    # place. Read when CUDA first allocates, so it is set here, before any command runs.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
         return module.main(argv[1:])

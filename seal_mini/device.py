@@ -7,14 +7,13 @@ Everything here is about the machine, not the method:
   compute_dtype    bfloat16 only on GPUs with bf16 arithmetic (Ampere and newer); the reason is printed.
   free_bytes       GPU memory this process may still use, within the cap `cap_memory` sets (preflight
                    uses it to stand a large card in for a 16 or 24 GB one).
-  is_oom           whether an exception is the GPU running out of memory (the engine and the update
-                   then redo their work smaller).
-  ALLOCATOR        the CUDA caching allocator setting the command line starts with.
+  release_memory   give memory back after an out-of-memory error, before a smaller try.
+  MemoryLimits     the smaller settings such an error left, for the rest of the process.
+The CUDA allocator setting the command line starts with is in seal_mini/__main__.py.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -25,19 +24,6 @@ import torch
 from seal_mini.config import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-# Rollouts hold one large KV-cache block per layer for a wave, then the update allocates activations of
-# sequences of every length. With fixed-size segments the allocator cannot hand memory freed by the one
-# to the other unless the sizes happen to match, so reserved-but-unusable memory piles up and a card
-# runs out long before its memory is used. Expandable segments grow and shrink in place instead.
-ALLOCATOR = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-
-
-def configure_allocator() -> None:
-    """Set the CUDA allocator option (unless the user set one); must run before CUDA is first used."""
-    name, value = ALLOCATOR
-    os.environ.setdefault(name, value)
-
 
 # --- what the machine has ---------------------------------------------------------------------------
 
@@ -159,11 +145,6 @@ def free_bytes(device: torch.device) -> int:
     if _cap_bytes is not None:
         free = min(free, _cap_bytes - torch.cuda.memory_reserved(device))
     return max(free, 0)
-
-
-def is_oom(error: BaseException) -> bool:
-    """True for the GPU running out of memory (torch raises torch.OutOfMemoryError for it)."""
-    return isinstance(error, torch.OutOfMemoryError)
 
 
 def release_memory(device: torch.device) -> None:

@@ -1,0 +1,130 @@
+"""Device checks on a machine without a GPU: nvidia-smi is a fake script on PATH, and torch's CUDA
+queries are replaced where a real GPU would answer them."""
+
+import os
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from seal_mini import device
+from seal_mini.config import ConfigError, load_config
+from seal_mini.policy import load_policy, start_banner
+
+SMI_QUERY = "NVIDIA GeForce RTX 4090, 535.54.03, 24564\n"
+SMI_HEADER = "| NVIDIA-SMI 535.54.03    Driver Version: 535.54.03    CUDA Version: 12.2     |\n"
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    """An nvidia-smi on PATH that reports one RTX 4090 with a CUDA 12.2 driver."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        textwrap.dedent(f"""\
+        #!{sys.executable}
+        import sys
+        sys.stdout.write({SMI_QUERY!r} if any(a.startswith("--query-gpu") for a in sys.argv) else {SMI_HEADER!r})
+        """)
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_nvidia_smi_is_read(fake_smi):
+    (gpu,) = device.nvidia_smi()
+    assert (gpu.name, gpu.driver, gpu.memory_mb, gpu.cuda) == ("NVIDIA GeForce RTX 4090", "535.54.03", 24564, "12.2")
+
+
+def test_a_gpu_torch_cannot_use_stops_with_the_mismatch_and_the_fix(fake_smi, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.raises(ConfigError) as error:
+        device.resolve_device("auto")
+    message = str(error.value)
+    assert "RTX 4090" in message and "driver 535.54.03" in message and "CUDA 13.0" in message
+    assert "update the NVIDIA driver" in message and "CUDA 12.2 or older" in message and "device=cpu" in message
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(ConfigError, match="CPU-only build"):
+        device.resolve_device("cuda")
+    assert device.resolve_device("cpu") == torch.device("cpu")  # on purpose: no check
+
+
+def test_no_gpu_anywhere_means_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device.nvidia_smi() == [] and device.resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="no CUDA GPU is visible"):
+        device.resolve_device("cuda")
+
+
+def test_bf16_only_where_the_card_has_it(monkeypatch):
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: (7, 5))
+    dtype, why = device.compute_dtype("bfloat16", cuda)
+    assert dtype == torch.float16 and "7.5" in why and "float16" in why
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert device.compute_dtype("bfloat16", cuda)[0] == torch.float16  # emulated bf16 does not count
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert device.compute_dtype("bfloat16", cuda) == (torch.bfloat16, "model.dtype bfloat16")
+    assert device.compute_dtype("bfloat16", torch.device("cpu")) == (torch.float32, "CPU runs in float32")
+
+
+class FakeCuda:
+    """The CUDA memory queries of an 80 GB card with 70 GB free, 3 GB reserved by this process."""
+
+    def __init__(self, monkeypatch):
+        self.fraction = None
+        props = type("Props", (), {"total_memory": 80 * 2**30, "name": "NVIDIA H100"})()
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+        monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", self.set_fraction)
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (70 * 2**30, 80 * 2**30))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 3 * 2**30)
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(device, "_cap_bytes", None)
+
+    def set_fraction(self, fraction, d=None):
+        self.fraction = fraction
+
+
+def test_gpu_memory_cap_sets_the_fraction_and_the_free_memory(monkeypatch):
+    fake, cuda = FakeCuda(monkeypatch), torch.device("cuda")
+    assert device.free_bytes(cuda) == 70 * 2**30
+    device.cap_memory(24, cuda)
+    assert fake.fraction == pytest.approx(24 / 80)
+    assert device.free_bytes(cuda) == 21 * 2**30  # 24 GB cap minus the 3 GB this process holds
+    with pytest.raises(ConfigError, match="at most this GPU's 80.0 GB"):
+        device.cap_memory(100, cuda)
+
+
+def test_start_banner_on_cpu_and_on_a_gpu(capsys, monkeypatch):
+    cfg = load_config(
+        None,
+        ["model.name=tiny-random", "device=cpu", "rollout.max_total_tokens=8192", "rollout.max_prompt_tokens=6144"],
+    )
+    policy = load_policy(cfg)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("[device] cpu (") and "torch.float32 (CPU runs in float32)" in line
+    assert "backend hf" in line and "4-bit no" in line and "KV budget 2.00 GB (2 GB on CPU)" in line
+    assert "256 slots of 8192 tokens" in line  # 2 GB / (256 B a token x 8192) = 1024, capped at a round's 256
+
+    FakeCuda(monkeypatch)
+    on_gpu = type(policy)(policy.model, policy.tokenizer, policy.renderer, torch.device("cuda"), "hf", torch.bfloat16)
+    line = start_banner(on_gpu, cfg, "model.dtype bfloat16")
+    # 70% of 70 GB free = 49 GB of KV; the tiny model's 512 B a token (bf16) x 8192 tokens a slot
+    assert line.startswith("[device] cuda (NVIDIA H100, 80.0 GB)") and "bfloat16 (model.dtype bfloat16)" in line
+    assert "KV budget 49.00 GB (70% of free GPU memory)" in line and "256 slots" in line
+
+
+def test_the_command_line_sets_the_cuda_allocator_unless_the_user_did(monkeypatch):
+    from seal_mini.__main__ import main
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
