@@ -344,3 +344,17 @@ def test_out_of_memory_in_a_wave_redoes_the_unfinished_episodes_with_fewer_slots
     assert len(trajs) == len(envs) and all(t.env.done for t in trajs)
     for a, b in zip(trajs, again, strict=True):
         assert a.input_ids == b.input_ids and a.messages == b.messages
+
+
+def test_eager_attention_gets_additive_masks_and_flash_attention_is_refused(policy):
+    eager = load_policy(load_config(None, ["model.name=tiny-random", "device=cpu", "model.attn_implementation=eager"]))
+    ids = ("multi_turn_base_50", "multi_turn_base_11", "multi_turn_miss_func_50")
+    cfg = rollout_cfg(max_new_tokens=8, max_concurrent=3)
+    a = run_rollouts(eager, [Episode(TASKS[i]) for i in ids], cfg, 0.0)
+    b = run_rollouts(policy, [Episode(TASKS[i]) for i in ids], cfg, 0.0)
+    for x, y in zip(a, b, strict=True):  # eager and sdpa compute the same attention
+        assert x.input_ids == y.input_ids
+        assert max(abs(p - q) for p, q in zip(x.old_logprobs, y.old_logprobs, strict=True)) < 1e-4
+    eager.model.get_base_model().config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ConfigError, match="use sdpa or eager"):
+        run_rollouts(eager, [Episode(TASKS[ids[0]])], cfg, 0.0)
