@@ -181,11 +181,14 @@ class RolloutConfig:
     max_total_tokens: int = 16384
     """Longest episode sequence (prompt, sampled and observation tokens)."""
     max_concurrent: int = 0
-    """Episodes generated at once (0 = from kv_budget_gb). Episodes run in waves of this size."""
+    """Episodes generated at once (0 = from kv_budget_gb): each holds a KV-cache slot of max_total_tokens;
+    when one ends, the next waiting one takes its slot."""
     kv_budget_gb: float = 0.0
-    """KV-cache memory for one wave (0 = half of the free GPU memory; 2 GB on CPU)."""
+    """KV-cache memory of the slots (0 = 70% of the GPU memory free after loading; 2 GB on CPU). The cache
+    is allocated once per rollout call and never grows beyond it."""
     prefill_tokens: int = 16384
-    """Rows x padded length of one prefill forward (prompts and tool results): bounds its activations."""
+    """Rows x padded length of one prefill forward (prompts and tool results; a longer one runs in pieces):
+    bounds its activations."""
 
     def validate(self, key: str) -> None:
         _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")

@@ -642,15 +642,27 @@ class _Batch:
 
 
 class _Engine:
-    def __init__(self, policy, cfg: RolloutConfig, temperature: float, logits_hook, stats, slots: int, prefill: int):
-        self.sequences = _Sequences(policy.renderer, cfg)
-        self.batch = _Batch(policy, cfg, slots, prefill, temperature, stats)
-        self.logits_hook, self.stats = logits_hook, stats
-        self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
-        self.finished: dict[int, Trajectory] = {}
-        """Episodes that ended, by env index: kept if a later forward runs out of memory."""
+    """Runs episodes to their end: admits them into slots as slots free up, prefills, decodes, steps."""
 
-    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], progress) -> None:
+    def __init__(self, policy, cfg: RolloutConfig, temperature: float, logits_hook, stats, finished: dict):
+        self.policy, self.cfg, self.temperature, self.stats = policy, cfg, temperature, stats
+        self.logits_hook = logits_hook
+        self.sequences = _Sequences(policy.renderer, cfg)
+        self.finished: dict[int, Trajectory] = finished
+        """Episodes that ended, by env index (kept when a later forward runs out of memory)."""
+        self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
+
+    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], slots: int, prefill: int, progress) -> bool:
+        """Run the episodes with this many slots; False if the GPU ran out of memory. Returning drops this
+        try's tensors (with its traceback), so the caller can free the memory before a smaller try."""
+        try:
+            batch = _Batch(self.policy, self.cfg, slots, prefill, self.temperature, self.stats)
+            self._run(envs, seeds, batch, progress)
+            return True
+        except torch.OutOfMemoryError:
+            return False
+
+    def _run(self, envs: dict[int, EnvLike], seeds: dict[int, int], batch: _Batch, progress) -> None:
         lives = [self.sequences.start(i, env, seeds[i]) for i, env in envs.items()]
         for live in lives:
             if live.traj.truncated:  # its prompt alone was over the limits
@@ -658,18 +670,18 @@ class _Engine:
         # Sorted by prompt ids, so prompts with long common prefixes follow each other (see prefill).
         queue = sorted((x for x in lives if not x.traj.truncated), key=lambda x: x.traj.input_ids, reverse=True)
         ready: list[_Live] = []
-        while queue or self.batch.live:
-            while queue and self.batch.has_room():
+        while queue or batch.live:
+            while queue and batch.has_room():
                 live = queue.pop()
-                self.batch.admit(live)
+                batch.admit(live)
                 ready.append(live)
-            self.batch.prefill(ready)  # new prompts, and the tokens that followed the last messages
+            batch.prefill(ready)  # new prompts, and the tokens that followed the last messages
             ready = []
-            for live in self.batch.decode(self.sequences, self.logits_hook):
+            for live in batch.decode(self.sequences, self.logits_hook):
                 if self.sequences.end_message(live):
                     ready.append(live)  # its new tokens are prefilled before it decodes again
                 else:
-                    self.batch.release(live)
+                    batch.release(live)
                     self._finish(live, progress)
 
     def _finish(self, live: _Live, progress) -> None:
@@ -745,18 +757,12 @@ def run_rollouts(
     try:
         while len(finished) < len(envs):
             todo = {i: env for i, env in enumerate(envs) if i not in finished}
-            engine = None
-            try:
-                engine = _Engine(policy, cfg_rollout, temperature, logits_hook, stats, min(slots, len(todo)), prefill)
-                engine.run(todo, seeds, progress)
-                finished.update(engine.finished)
-            except torch.OutOfMemoryError:
-                if engine is not None:
-                    finished.update(engine.finished)
-                del engine
+            used = min(slots, len(todo))
+            engine = _Engine(policy, cfg_rollout, temperature, logits_hook, stats, finished)
+            if not engine.run(todo, seeds, used, prefill, progress):  # out of memory: smaller, and again
                 devices.release_memory(policy.device)
                 stats.out_of_memory += 1
-                slots, prefill = _shrink_rollouts(slots, prefill, len(envs) - len(finished), limits)
+                slots, prefill = _shrink_rollouts(used, prefill, len(envs) - len(finished), limits)
     finally:
         policy.model.train(was_training)
     trajectories = [finished[i] for i in range(len(envs))]

@@ -135,16 +135,12 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
         n_tokens = sum(sum(trajectories[i].loss_mask) for i in mini)
         if n_tokens == 0:
             continue
-        while True:
-            try:
-                mini_sums = accumulate_gradients(
-                    policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg
-                )
-                break
-            except torch.OutOfMemoryError:
-                optimizer.zero_grad(set_to_none=True)  # the failed try's partial gradients go
-                release_memory(policy.device)
-                shrink_update(policy.limits, tc)
+        mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
+        while mini_sums is None:  # out of memory: the mini-batch again, from its start, smaller
+            optimizer.zero_grad(set_to_none=True)  # the failed try's partial gradients go
+            release_memory(policy.device)
+            shrink_update(policy.limits, tc)
+            mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
         for k, v in mini_sums.items():
             sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
@@ -162,8 +158,16 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
 
 def accumulate_gradients(
     policy, trajectories: list[Trajectory], advantages: torch.Tensor, n_tokens: int, cfg: Config
-) -> dict[str, float]:
-    """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums."""
+) -> dict[str, float] | None:
+    """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums,
+    or None if the GPU ran out of memory (returning drops the failed try's tensors with its traceback)."""
+    try:
+        return _accumulate(policy, trajectories, advantages, n_tokens, cfg)
+    except torch.OutOfMemoryError:
+        return None
+
+
+def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor, n_tokens: int, cfg: Config):
     model, tc, limits = policy.model, cfg.train, policy.limits
     micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
     chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)
