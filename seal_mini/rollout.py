@@ -774,7 +774,7 @@ def run_rollouts(
     return trajectories
 
 
-def _shrink_rollouts(slots: int, prefill: int, unfinished: int, limits) -> tuple[int, int]:
+def _shrink_rollouts(slots: int, prefill: int, unfinished: int, limits: devices.MemoryLimits) -> tuple[int, int]:
     """The next, smaller setting after an out-of-memory error, remembered in limits; says what shrank."""
     if slots > 1:
         smaller = slots // 2

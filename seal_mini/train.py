@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from seal_mini.bfcl import Task, load_split, pick
-from seal_mini.config import Config, ConfigError, config_from_dict, load_config
-from seal_mini.device import release_memory
+from seal_mini.config import Config, ConfigError, TrainConfig, config_from_dict, load_config
+from seal_mini.device import MemoryLimits, release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.env import Episode
 from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
@@ -191,7 +191,7 @@ MIN_LOGPROB_CHUNK = 32
 """Out of memory with one sequence per micro-batch: the log-prob chunk halves down to this."""
 
 
-def shrink_update(limits, tc) -> None:
+def shrink_update(limits: MemoryLimits, tc: TrainConfig) -> None:
     """After an out-of-memory error in the update: halve the micro-batch, else the log-prob chunk; say so."""
     micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
     chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)

@@ -54,3 +54,42 @@ def test_success_table_means_over_categories():
     rows = [{"category": "base", "reward": 1.0}, {"category": "base", "reward": 0.0}]
     rows += [{"category": "miss_func", "reward": 1.0}]
     assert success_table(rows) == {"base": 0.5, "miss_func": 1.0, "mean": 0.75}
+
+
+def test_the_progress_bar_moves_as_each_episode_finishes(tmp_path, monkeypatch):
+    """Not once per piece of work: a model evaluation's bar advances while the other episodes still run."""
+    import seal_mini.evaluate as evaluate_module
+
+    created = []
+
+    class Recorder:
+        def __init__(self, *args, total=0, initial=0, **kwargs):
+            self.n, self.done_at_update = initial, []
+            created.append(self)
+
+        def update(self, n=1):
+            self.n += n
+            self.done_at_update.append(sum(env.done for env in envs))
+
+        def set_postfix_str(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    envs = []
+    real_episode = evaluate_module.Episode
+
+    def recorded_episode(*args, **kwargs):
+        envs.append(real_episode(*args, **kwargs))
+        return envs[-1]
+
+    import tqdm
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorder)
+    monkeypatch.setattr(evaluate_module, "Episode", recorded_episode)
+    policy = load_policy(CFG)
+    evaluate(ModelAgent(policy, CFG, adapter=False), TASKS[:4], CFG, tmp_path, "base", chunk_size=4)
+    (bar,) = created
+    assert bar.n == 4 and len(bar.done_at_update) == 4  # one update per episode, all in one piece of work
+    assert bar.done_at_update[0] < 4  # the first came while other episodes were still running
