@@ -248,6 +248,9 @@ class InterfaceConfig:
     """phi_schema: required/type/enum marks, the exact call format, a do-not-invent-tools note."""
     error_feedback: bool = True
     """phi_err: recovery-oriented rewrite of parse and execution errors."""
+    parse_retry: bool = True
+    """Part of phi_err, on while it is: a message whose tool calls cannot be read gets an error and another
+    try within the turn (BFCL, and so evaluation and a run without the interface, ends the turn there)."""
     guidelines: bool = True
     """phi_cap: capability-level guidelines picked from the failure profile."""
     closed_loop: bool = True

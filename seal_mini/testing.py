@@ -32,7 +32,7 @@ TINY_CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' -}}"
     "{%- if has_system -%}{{- messages[0]['content'] -}}{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
     "{%- if tools -%}"
-    '{{- \'\\n\\n## Tools\\nTo use a tool, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>. \''
+    '{{- \'\\n\\n## Tools\\nTo use a tool, write <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>. \''
     " + 'Available tools, one JSON schema a line:\\n' -}}"
     "{%- for tool in tools -%}{{- (tool['function'] if tool['function'] is defined else tool) | tojson -}}"
     "{{- '\\n' -}}{%- endfor -%}"
