@@ -55,6 +55,14 @@ FAULTS: dict[str, tuple[str, str]] = {
     "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
     "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
     "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
+    "one_line_call": (
+        "invalid_tool_call",
+        "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)",
+    ),
+    "fenced_call": ("invalid_tool_call", "one call's JSON inside a ```json fence between the tags"),
+    "two_calls_one_block": ("invalid_tool_call", "two calls' JSON objects in one <tool_call> block"),
+    "repaired_malformed_call": ("pass", "one call of a turn broken next to the others, then sent again correctly"),
+    "repaired_failing_call": ("pass", "a read-only call fails, then is sent again correctly"),
 }
 EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
@@ -317,6 +325,60 @@ def _failing(task, p, turn, rng):
     return _blocks(calls), f"{name}({arg}=no_such_...) fails"
 
 
+def _written(form: str):
+    """A builder that writes one call of the turn in a form BFCL's decoder does not read."""
+
+    def build(task, p, turn, rng):
+        if not p[turn]:
+            return None
+        calls = _pairs(p[turn])
+        i = rng.randrange(len(calls))
+        body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
+        blocks = _blocks(calls)
+        blocks[i] = f"{OPEN}{body}{CLOSE}" if form == "one_line" else f"{OPEN}\n```json\n{body}\n```\n{CLOSE}"
+        return blocks, f"{calls[i][0]} written {form}"
+
+    return build
+
+
+def _two_in_one(task, p, turn, rng):
+    if len(p[turn]) < 2:
+        return None
+    calls = _pairs(p[turn])
+    i = rng.randrange(len(calls) - 1)
+    both = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls[i : i + 2])
+    return _blocks(calls[:i]) + [f"{OPEN}\n{both}\n{CLOSE}"] + _blocks(
+        calls[i + 2 :]
+    ), f"{calls[i][0]} + {calls[i + 1][0]}"
+
+
+REPAIRED = ("repaired_malformed_call", "repaired_failing_call")
+"""Kinds scripted as exact messages: all of the turn's calls in one message (one of them broken), then
+the broken one alone, corrected, in the next message (the repair), then the final answer."""
+
+
+def _repaired(failing: bool):
+    def build(task, p, turn, rng):
+        calls = _pairs(p[turn])
+        if failing:
+            options = [i for i in _final_reads(p[turn]) if any(isinstance(v, str) for v in calls[i][1].values())]
+        else:  # the last call, so that the repair runs in the reference's order; another must run next to it
+            options = [len(calls) - 1] if len(calls) >= 2 else []
+        if not options:
+            return None
+        i = rng.choice(options)
+        name, arguments = calls[i]
+        if failing:
+            arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
+            first = format_call(name, {**arguments, arg: "no_such_" + arguments[arg]})
+        else:
+            first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
+        message = "\n".join(_blocks(calls[:i]) + [first] + _blocks(calls[i + 1 :]))
+        return [message, format_call(name, arguments)], f"{name} {'failed' if failing else 'broken'}, then repaired"
+
+    return build
+
+
 BUILDERS = {
     "malformed_call": _malformed,
     "tool_not_offered": _not_offered,
@@ -328,6 +390,11 @@ BUILDERS = {
     "spurious_call": _spurious,
     "no_call_answer": _no_call,
     "unrepaired_error": _failing,
+    "one_line_call": _written("one_line"),
+    "fenced_call": _written("fenced"),
+    "two_calls_one_block": _two_in_one,
+    "repaired_malformed_call": _repaired(failing=False),
+    "repaired_failing_call": _repaired(failing=True),
 }
 assert set(BUILDERS) == set(FAULTS)
 
@@ -337,15 +404,15 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
     if turn >= len(episode.turns):
         return False
     events = episode.turns[turn].events
-    if kind == "malformed_call":
+    if kind in ("malformed_call", "one_line_call", "fenced_call", "two_calls_one_block", "repaired_malformed_call"):
         return any(e.error_kind == "parse" for e in events)
     if kind == "tool_not_offered":
-        return any(e.error_kind == "unknown_tool" or e.violation == "not_offered" for e in events)
+        return any(e.violation in ("unknown_tool", "not_offered") for e in events)
     if kind == "missing_required_argument":
         return any(e.violation == "missing_required" for e in events)
     if kind == "wrong_argument_type":
         return any(e.violation == "wrong_type" for e in events)
-    if kind == "unrepaired_error":
+    if kind in ("unrepaired_error", "repaired_failing_call"):
         return any(e.error_kind == "execution" for e in events)
     return True  # the other faults are realized by construction
 
@@ -354,18 +421,23 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
 
 
 def drive(task: Task, messages: list[list[str]], max_calls_per_turn: int = 20, cut_turn: int | None = None) -> Episode:
-    """Run scripted assistant messages per turn; with cut_turn, truncate after that turn's messages."""
+    """Run scripted assistant messages per turn, as BFCL's inference loop takes them: a message that ends
+    the turn leaves the rest of that turn's messages unsent, and a turn whose messages run out gets the
+    final answer. With cut_turn, truncate after that turn's messages instead."""
     episode = Episode(task, max_calls_per_turn=max_calls_per_turn)
     episode.reset()
     for k, texts in enumerate(messages):
-        for text in texts:
-            if episode.done:
-                break
-            episode.step(text)
-        if k == cut_turn and not episode.done:
-            episode.truncate()
         if episode.done:
             break
+        ended = False
+        for text in texts:
+            if episode.step(text).turn_done:
+                ended = True
+                break
+        if k == cut_turn and not ended:
+            episode.truncate()
+        elif not ended:
+            episode.step(DONE_TEXT)
     return episode
 
 
@@ -524,7 +596,8 @@ def run_check(
                     if built is None:
                         break
                     blocks, note = built
-                    messages = gt_messages[:turn] + [turn_messages(blocks, parallel)] + gt_messages[turn + 1 :]
+                    scripted = blocks + [DONE_TEXT] if kind in REPAIRED else turn_messages(blocks, parallel)
+                    messages = gt_messages[:turn] + [scripted] + gt_messages[turn + 1 :]
                     episode = _timed(timer, "execute", drive, task, messages)
                     if realized(kind, episode, turn):
                         break
