@@ -9,14 +9,18 @@ every turn short (token truncation; one call message over the per-turn limit) an
 turn never counts as pass and the turns after it are not_reached.
 
 Some faults leave no trace at their own turn, or another one than intended (a changed value the back
-end does not store; a dropped booking that a later cancellation in the same turn would have undone).
-For the three kinds whose label rests on the fault's effect, the official BFCL checker decides: it is
-run on the episode's turns up to the faulted one, and the fault is attributable when the checker fails
-that turn with the error type of the expected label (instance_state_mismatch for state_mismatch,
-execution_response_mismatch for response_mismatch). Accuracy is reported over all faulty episodes and
-over the attributable ones; for the other kinds every fault is attributable by construction. The
-faulty episodes of every 8th task also get the full official verdict: a failed episode in which the
-rules find no failing turn would show there.
+end does not store; a dropped booking that a later cancellation in the same turn would have undone; a
+broken call whose output an earlier turn already fetched, which BFCL passes). The official BFCL checker
+decides, run on the episode's turns up to the faulted one. For the three kinds whose label rests on the
+fault's effect, the fault is attributable when the checker fails that turn with the error type of the
+expected label (instance_state_mismatch for state_mismatch, execution_response_mismatch for
+response_mismatch); for the kinds whose label is an error (invalid_tool_call, argument_mismatch,
+recovery_failure), when the checker fails that turn at all, since an error on a turn that ends where the
+reference does was repaired; for the repaired kinds (expected pass), when it passes it. Spurious calls,
+answers without a call and wrongly typed values (which label a turn wherever it ends) are attributable
+by construction. Accuracy is reported over all faulty
+episodes and over the attributable ones. The faulty episodes of every 8th task also get the full
+official verdict: a failed episode in which the rules find no failing turn would show there.
 
 Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
 building each task's ground-truth reference (once per task, shared by all its episodes).
@@ -66,6 +70,9 @@ FAULTS: dict[str, tuple[str, str]] = {
 }
 EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
+BY_CONSTRUCTION = ("spurious_call", "no_call_answer", "wrong_argument_type")
+"""Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
+no call where one is, a call outside the schema that ran anyway."""
 CHECKER_ERROR = {
     "state_mismatch": "multi_turn:instance_state_mismatch",
     "response_mismatch": "multi_turn:execution_response_mismatch",
@@ -361,7 +368,10 @@ def _repaired(failing: bool):
     def build(task, p, turn, rng):
         calls = _pairs(p[turn])
         if failing:
-            options = [i for i in _final_reads(p[turn]) if any(isinstance(v, str) for v in calls[i][1].values())]
+            clean = _clean(task, p, turn)
+            options = [
+                i for i in _final_reads(p[turn]) if i in clean and any(isinstance(v, str) for v in calls[i][1].values())
+            ]
         else:  # the last call, so that the repair runs in the reference's order; another must run next to it
             options = [len(calls) - 1] if len(calls) >= 2 else []
         if not options:
@@ -527,11 +537,16 @@ class Run:
         self.around["before"].update(d.label for d in diagnoses[:turn])
         self.around["after"].update(d.label for d in diagnoses[turn + 1 :])
         seen = ""
-        if kind in EFFECT_KINDS:
+        if kind not in BY_CONSTRUCTION:
             verdict = _timed(self.timer, "verify", _prefix_verdict, task, episode, turn)
             seen = verdict.error_type or "passes the turn"
             tally.checker_types[verdict.error_type or "passed"] += 1
-        attributable = kind not in EFFECT_KINDS or seen == CHECKER_ERROR[tally.expected]
+        if kind in EFFECT_KINDS:
+            attributable = seen == CHECKER_ERROR[tally.expected]
+        elif tally.expected == "pass":
+            attributable = seen == "passes the turn"
+        else:
+            attributable = kind in BY_CONSTRUCTION or seen != "passes the turn"
         tally.attributable += attributable
         tally.attributable_correct += attributable and label == tally.expected
         if label != tally.expected and len(tally.misses) < self.examples:
@@ -664,7 +679,7 @@ def _summary(run: Run) -> dict:
             "labels": dict(t.labels.most_common()),
             "misses": t.misses,
         }
-        if kind in EFFECT_KINDS:
+        if t.checker_types:
             faults[kind]["checker_at_fault_turn"] = dict(t.checker_types.most_common())
     n = max(timer.episodes, 1)
     execute_ms = 1000 * timer.execute / n
