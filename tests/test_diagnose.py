@@ -195,9 +195,11 @@ def test_truncated_and_cut_turns_never_pass():
     # Truncated in turn 1 after its calls, before the final answer.
     episode = run("multi_turn_base_0", {1: ["\n".join(TURN1)]}, cut_turn=1)
     assert diagnose(episode) == ["pass", "not_reached", "not_reached", "not_reached"]
-    # Truncated before turn 1 said anything.
+    # Truncated before turn 1 said anything: its first message was cut by the token budget.
     episode = run("multi_turn_base_0", {1: []}, cut_turn=1)
     assert diagnose(episode) == ["pass", "not_reached", "not_reached", "not_reached"]
+    reasons = [d.reason for d in diagnose_turns(episode)]
+    assert "cut by the token budget" in reasons[1] and "ended before it" in reasons[2]
     # Cut after an unrepaired error: the error is still evidence.
     failing = call("grep", file_name="nope.pdf", pattern="x")
     episode = run("multi_turn_base_0", {1: [failing]}, cut_turn=1)
