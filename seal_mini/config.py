@@ -433,6 +433,29 @@ class OodConfig:
             )
 
 
+LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class LogConfig:
+    """Where a training run's metrics go while it runs (metrics.jsonl is always written)."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])
+    """jsonl (always on) | tensorboard (event files in <run_dir>/tensorboard) | wandb (only where installed
+    and configured). tensorboard and wandb need the optional extra: pip install -r requirements-log.txt."""
+    wandb_project: str = "seal_mini"
+    """W&B project the runs go to (wandb only)."""
+
+    def validate(self, key: str) -> None:
+        for backend in self.backends:
+            _check(
+                backend in LOG_BACKENDS,
+                f"{key}.backends",
+                f"unknown backend {backend!r}; choose from {list(LOG_BACKENDS)}",
+            )
+        _check(bool(self.wandb_project), f"{key}.wandb_project", "must not be empty")
+
+
 @dataclass
 class Config:
     name: str = "run"
@@ -453,6 +476,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ood: OodConfig = field(default_factory=OodConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
         _check(bool(self.name), "name", "must not be empty")

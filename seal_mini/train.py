@@ -52,6 +52,7 @@ from seal_mini.runio import (
     write_metrics,
     write_yaml,
 )
+from seal_mini.tracking import Tracker, check_backends
 from seal_mini.verifier import check_episode
 
 
@@ -206,10 +207,14 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler) -> LoopState:
 # --- logging helpers --------------------------------------------------------------------------------
 
 
-def trajectory_rows(trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
+def trajectory_rows(step: int, group_size: int, trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
+    """One row per trajectory of a round (the schema of trajectories/*.jsonl.gz; see seal_mini.runs)."""
     return [
         {
             "task_id": t.task_id,
+            "category": t.env.task.category,
+            "step": step,
+            "sample": i % group_size,
             "reward": v.reward,
             "error_type": v.error_type,
             "labels": [d.label for d in z],
@@ -221,7 +226,7 @@ def trajectory_rows(trajs, verdicts, diagnoses, weights, advantages) -> list[dic
             "n_tokens": len(t.input_ids),
             "messages": t.messages,
         }
-        for t, v, z, w, a in zip(trajs, verdicts, diagnoses, weights, advantages, strict=True)
+        for i, (t, v, z, w, a) in enumerate(zip(trajs, verdicts, diagnoses, weights, advantages, strict=True))
     ]
 
 
@@ -255,6 +260,7 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: 
 def train(cfg: Config, resume: bool = False):
     """Run (or continue) SEAL training; returns (run directory, trained policy)."""
     run_dir = cfg.run_dir
+    check_backends(cfg)  # a missing logging extra is an error now, not after the first step
     checkpoint = latest_checkpoint(run_dir) if resume else None
     if not resume and latest_checkpoint(run_dir) is not None:
         raise ConfigError(
@@ -293,6 +299,7 @@ def train(cfg: Config, resume: bool = False):
         metrics_rows = [r for r in read_metrics(run_dir) if r["step"] < state.step]
         print(f"[train] resuming {run_dir} at step {state.step}")
 
+    tracker = Tracker(cfg, run_dir, history=metrics_rows)
     from tqdm import tqdm
 
     for step in tqdm(range(state.step, cfg.train.steps), desc="train", initial=state.step, total=cfg.train.steps):
@@ -365,7 +372,7 @@ def train(cfg: Config, resume: bool = False):
             "time/rollout_s": round(t_rollout, 2),
             "time/update_s": round(t_update, 2),
         }
-        rows = trajectory_rows(trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
+        rows = trajectory_rows(step, G, trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
         write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
         write_json(
             run_dir / "rounds" / f"step_{step:04d}.json",
@@ -379,6 +386,7 @@ def train(cfg: Config, resume: bool = False):
             row.update(evaluate_during_training(policy, cfg, split["eval"], run_dir, f"step_{state.step:04d}"))
         metrics_rows.append(row)
         write_metrics(run_dir, metrics_rows)
+        tracker.log(row, rows)  # the live views (TensorBoard, W&B) the recipe asks for
         if state.step % cfg.train.save_every == 0 or state.step == cfg.train.steps:
             save_checkpoint(run_dir, policy, optimizer, scheduler, state)
         tqdm.write(
@@ -386,6 +394,7 @@ def train(cfg: Config, resume: bool = False):
             f"loss {row.get('losses/loss', float('nan')):.4f} kl {row.get('losses/kl_ref', 0.0):.4f} "
             f"weights {row['weights/mean']:.2f} ({t_rollout:.0f}s rollout, {t_update:.0f}s update)"
         )
+    tracker.close()
     tmp = run_dir / "adapter.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
