@@ -6,6 +6,7 @@ import importlib
 import sys
 
 from seal_mini.config import ConfigError
+from seal_mini.runio import FileError
 
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
         return module.main(argv[1:])
-    except ConfigError as e:
+    except (ConfigError, FileError, OSError) as e:  # a wrong setting, a damaged file, a full disk: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
 
