@@ -86,7 +86,7 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     return wanted
 
 
-def _load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
+def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
     """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
@@ -203,7 +203,7 @@ def load_policy(cfg: Config) -> Policy:
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(cfg, dtype)
     else:
-        base, tokenizer = _load_hf_base(cfg, device, dtype)
+        base, tokenizer = load_hf_base(cfg, device, dtype)
         if cfg.model.attn_implementation == "sdpa":
             base.set_attn_implementation(attention.register())  # sdpa without the per-step K/V copy
         model = _add_lora(base, cfg)

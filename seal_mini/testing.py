@@ -144,7 +144,11 @@ class Interrupting:
 
     def __init__(self, agent, after: int):
         self.agent, self.after, self.calls = agent, after, 0
-        self.name = agent.name  # the same policy, so a resumed evaluation may reuse its pieces
+
+    def __getattr__(self, name: str):
+        if name == "agent":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.agent, name)  # the same policy (name, settings), so its pieces may be reused
 
     def run(self, envs: list) -> list[dict]:
         if self.calls == self.after:
