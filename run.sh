@@ -2,8 +2,8 @@
 # seal_mini entry point.
 #   bash run.sh [recipes/X.yaml] [key.sub=value ...]   set up .venv, then train -> eval -> report
 #   bash run.sh test [pytest args]                    set up .venv, then run the tests
-# The out-of-distribution extra (requirements-ood.txt) is installed when the recipe names ood.suites,
-# and for the tests.
+# Optional extras are installed when the recipe needs them, and for the tests: requirements-ood.txt when it
+# names ood.suites, requirements-log.txt when its log.backends name tensorboard.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,23 +32,25 @@ setup() {
   echo "$want" > "$stamp"
 }
 
-setup_ood() {
-  # The out-of-distribution suites' packages (tau2-bench, BFCL V4 memory back ends), only when asked for.
-  local stamp="$VENV/.seal_mini_setup_ood"
+setup_extra() {
+  # An optional extra (requirements-ood.txt, requirements-log.txt), only when asked for, with the core pins
+  # as constraints so they hold.
+  local file=$1 stamp="$VENV/.seal_mini_setup_$1"
   local want
-  want=$(cat requirements.txt requirements-ood.txt | sha256sum | cut -c1-16)
+  want=$(cat requirements.txt "$file" | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
-  echo "[run.sh] installing the out-of-distribution extra (requirements-ood.txt)"
-  "$PY" -m pip install -q -r requirements-ood.txt -c requirements.txt
+  echo "[run.sh] installing the optional extra $file"
+  "$PY" -m pip install -q -r "$file" -c requirements.txt
   echo "$want" > "$stamp"
 }
 
-# The suites a recipe asks for (ood.suites); empty if none or if the recipe does not load (the
-# pipeline then reports what is wrong with it).
-recipe_suites() {
+# What optional extras a recipe needs: "ood" if it names ood.suites, "log" if its log.backends name
+# tensorboard; nothing if the recipe does not load (the pipeline then reports what is wrong with it).
+recipe_extras() {
   "$PY" -c 'import sys
 from seal_mini.config import load_config
-print(" ".join(load_config(sys.argv[1], sys.argv[2:]).ood.suites))' "$@" 2>/dev/null || true
+cfg = load_config(sys.argv[1], sys.argv[2:])
+print("ood" * bool(cfg.ood.suites), "log" * ("tensorboard" in cfg.log.backends))' "$@" 2>/dev/null || true
 }
 
 export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
@@ -56,7 +58,8 @@ export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
 if [ "${1:-}" = "test" ]; then
   shift
   setup
-  setup_ood  # the tests run every suite on a few tasks
+  setup_extra requirements-ood.txt  # the tests run every suite on a few tasks
+  setup_extra requirements-log.txt  # and read TensorBoard's event files back
   HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 exec "$PY" -m pytest "$@"
 fi
 
@@ -73,5 +76,7 @@ else
   shift
 fi
 setup
-if [ -n "$(recipe_suites "$recipe" "$@")" ]; then setup_ood; fi
+extras=$(recipe_extras "$recipe" "$@")
+if [[ "$extras" == *ood* ]]; then setup_extra requirements-ood.txt; fi
+if [[ "$extras" == *log* ]]; then setup_extra requirements-log.txt; fi
 exec "$PY" -m seal_mini pipeline "$recipe" "$@"

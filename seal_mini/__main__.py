@@ -7,6 +7,7 @@ import os
 import sys
 
 from seal_mini.config import ConfigError
+from seal_mini.runio import FileError
 
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
@@ -16,6 +17,9 @@ COMMANDS = {
     "report": ("seal_mini.report", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": ("seal_mini.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
+    "dataset": ("seal_mini.runs", "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)"),
+    "export": ("seal_mini.export", "the trained adapter with a model card; --merged for a merged model; --push-to-hub"),
+    "chat": ("seal_mini.play", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
     "bench": ("seal_mini.bench", "benchmarks that print numbers (bench rollout: batched vs one-at-a-time rollouts)"),
     "preflight": ("seal_mini.preflight", "memory and speed of a recipe on this machine, random weights, no download"),
 }
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[argv[0]][0])
     try:
         return module.main(argv[1:])
-    except ConfigError as e:
+    except (ConfigError, FileError, OSError) as e:  # a wrong setting, a damaged file, a full disk: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -24,14 +24,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
 from seal_mini.env import NO_CALL, Episode
+from seal_mini.evaluate import eval_identity
 from seal_mini.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
-from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
 from seal_mini.toolcalls import format_call
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
@@ -356,18 +358,19 @@ def evaluate_bfcl_v4(
     columns, skipped = suite_columns(suite, cfg)
     out_dir = Path(out_dir)
     partial, snapshots = out_dir / f"{tag}.partial", out_dir / f"{tag}.memory"
-    identity = {
-        "policy": agent.name,
-        "source": source,
-        "suite": suite,
-        "columns": columns,
-        "scenarios": cfg.ood.memory_scenarios,
-        "max_tasks": cfg.ood.max_tasks,
-        "prereqs": run_prereqs,
-        "embedding_model": cfg.ood.embedding_model,
-        "limits": [cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens, cfg.rollout.max_total_tokens],
-        "temperature": getattr(agent, "temperature", None),
-    }
+    # the questions are drawn inside the loop below, from these settings
+    identity = eval_identity(
+        agent,
+        cfg,
+        source,
+        None,
+        suite=suite,
+        columns=columns,
+        scenarios=cfg.ood.memory_scenarios,
+        max_tasks=cfg.ood.max_tasks,
+        prereqs=run_prereqs,
+        embedding_model=cfg.ood.embedding_model,
+    )
     if not open_partial(partial, identity):  # a new evaluation: no memory of an earlier one may leak in
         shutil.rmtree(snapshots, ignore_errors=True)
 
@@ -414,7 +417,10 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
     if not run:
         return []
     if done_file.exists():
-        return read_jsonl_gz(done_file)
+        try:
+            return read_jsonl_gz(done_file)
+        except FileError as e:
+            print(f"[eval] {str(e).split(';')[0]}: running the prerequisite conversations again", file=sys.stderr)
     shutil.rmtree(snapshots, ignore_errors=True)  # a chain stopped half way starts again from empty
     rows = []
     for link in range(max((len(c) for c in chains.values()), default=0)):
@@ -429,9 +435,7 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
 
 
 def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
-    done = []
-    for piece in sorted(partial.glob(f"{column}.q*.jsonl.gz")):
-        done += read_jsonl_gz(piece)
+    done = read_pieces(partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
     todo = questions[len(done) :]
     from tqdm import tqdm
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from seal_mini.runio import read_text
+
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
 # Turn-level failure labels (see seal_mini/diagnose.py for the rules that assign them).
@@ -155,9 +157,11 @@ class DataConfig:
 @dataclass
 class EnvConfig:
     max_calls_per_turn: int = 20
-    """Model calls (assistant messages) allowed per user turn; BFCL's official limit is 20."""
+    """Tool-calling messages allowed per user turn in training rollouts; BFCL's official limit is 20.
+    Evaluation always plays BFCL's own limits, whatever this says."""
     max_calls_per_episode: int = 0
-    """Model calls allowed per episode (0 = no limit). The authors' release capped 20 per trajectory."""
+    """Tool-calling messages allowed per training episode (0 = no limit). The authors' release capped 20
+    per trajectory. Not applied in evaluation."""
 
     def validate(self, key: str) -> None:
         _check(self.max_calls_per_turn > 0, f"{key}.max_calls_per_turn", "must be > 0 (BFCL uses 20)")
@@ -251,6 +255,9 @@ class InterfaceConfig:
     """phi_schema: required/type/enum marks, the exact call format, a do-not-invent-tools note."""
     error_feedback: bool = True
     """phi_err: recovery-oriented rewrite of parse and execution errors."""
+    parse_retry: bool = True
+    """Part of phi_err, on while it is: a message whose tool calls cannot be read gets an error and another
+    try within the turn (BFCL, and so evaluation and a run without the interface, ends the turn there)."""
     guidelines: bool = True
     """phi_cap: capability-level guidelines picked from the failure profile."""
     closed_loop: bool = True
@@ -436,6 +443,29 @@ class OodConfig:
             )
 
 
+LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+
+
+@dataclass
+class LogConfig:
+    """Where a training run's metrics go while it runs (metrics.jsonl is always written)."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])
+    """jsonl (always on) | tensorboard (event files in <run_dir>/tensorboard) | wandb (only where installed
+    and configured). tensorboard and wandb need the optional extra: pip install -r requirements-log.txt."""
+    wandb_project: str = "seal_mini"
+    """W&B project the runs go to (wandb only)."""
+
+    def validate(self, key: str) -> None:
+        for backend in self.backends:
+            _check(
+                backend in LOG_BACKENDS,
+                f"{key}.backends",
+                f"unknown backend {backend!r}; choose from {list(LOG_BACKENDS)}",
+            )
+        _check(bool(self.wandb_project), f"{key}.wandb_project", "must not be empty")
+
+
 @dataclass
 class Config:
     name: str = "run"
@@ -456,6 +486,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ood: OodConfig = field(default_factory=OodConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
         _check(bool(self.name), "name", "must not be empty")
@@ -542,10 +573,16 @@ def _read_recipe(path: Path, seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path}: no such file (recipes live in recipes/*.yaml)")
     if path.resolve() in seen:
         raise ConfigError(f"recipe {path}: `base:` chain loops back to itself")
+    text = read_text(path, fix="save the recipe as UTF-8 text")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"recipe {path}: not valid YAML ({e})") from None
+    if data is None:
+        raise ConfigError(
+            f"recipe {path}: the file is empty (or only comments); a recipe sets what it changes from the "
+            "defaults, e.g. copy recipes/cpu_smoke.yaml, or start it with `base: qwen2_5_3b.yaml`"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"recipe {path}: top level must be a mapping of config keys")
     base = data.pop("base", None)
@@ -583,8 +620,52 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple =
     return cfg
 
 
-def config_from_dict(data: dict) -> Config:
-    """Rebuild a Config saved in a run directory (config.yaml)."""
+def config_from_dict(data: dict, overrides: list[str] | tuple = ()) -> Config:
+    """Rebuild a Config saved in a run directory (config.yaml), with optional overrides."""
+    for text in overrides:
+        data = _deep_merge(data, parse_override(text))
     cfg = _build(Config, data)
     cfg.validate()
     return cfg
+
+
+# --- what a continuing run may change -----------------------------------------------------------
+
+MATH_FREE = {
+    "rollout.kv_budget_gb": "memory for one rollout wave: how many episodes generate together, not what they are",
+    "rollout.max_concurrent": "the same choice made directly: episodes per wave",
+    "rollout.prefill_tokens": "how the prefill of prompts and tool results is cut into forward passes",
+    "train.micro_batch": "gradient accumulation: a mini-batch's token-mean loss summed over more or fewer forwards",
+    "train.logprob_chunk": "log-probs computed over more or fewer positions at a time, the same numbers",
+    "train.print_samples": "how many trajectories are printed per step; nothing computed depends on it",
+    "log.backends": "where metrics are shown while the run goes (TensorBoard, W&B); metrics.jsonl is always written",
+    "log.wandb_project": "which W&B project shows the run",
+}
+"""Settings a run may change when it continues (train --resume, a rerun of the pipeline): they trade
+memory, speed or output for one another and leave the algorithm alone. Any other change is refused,
+since a run that continues must be the run it started as. Each episode samples from its own random
+stream, so how many episodes share a wave does not decide which draws it gets. Caveat: sums and
+batched matrix products are equal in exact arithmetic, not always in their last floating-point bits
+(a GPU may pick other kernels for other batch shapes), so a continued run can drift from the
+uninterrupted one by rounding."""
+
+WHERE_IT_LIVES = ("out_dir", "name")
+"""Where a run lives, not what it is: a run directory moved, copied or named by another path is the same run."""
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}: every setting under its dotted key (lists stay whole)."""
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        out.update(_leaves(value, name + ".") if isinstance(value, dict) else {name: value})
+    return out
+
+
+def changed_settings(saved: Config, new: Config) -> tuple[dict, dict]:
+    """(math-free changes, other changes) from a run's saved config to a new one, each {key: (old, new)}."""
+    old, now = _leaves(saved.to_dict()), _leaves(new.to_dict())
+    changed = {k: (old.get(k), now.get(k)) for k in sorted({*old, *now}) if old.get(k) != now.get(k)}
+    changed = {k: v for k, v in changed.items() if k not in WHERE_IT_LIVES}
+    free = {k: v for k, v in changed.items() if k in MATH_FREE}
+    return free, {k: v for k, v in changed.items() if k not in MATH_FREE}

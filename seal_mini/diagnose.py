@@ -3,29 +3,37 @@
 The evidence for turn k of an episode:
 - the turn's call events: parse errors, unknown or not-yet-offered tools, schema violations, execution
   errors (seal_mini.env records them as the episode runs);
-- the back-end state after the turn (Episode.turn_states), compared with the state the ground truth
-  reaches when it is executed turn by turn on its own fresh instances (as BFCL's checker does);
-- the outputs: the ground truth's outputs of turn k must all appear among the model's outputs of turns
+- the back-end state after the turn (Episode.turn_states), compared with the state the reference
+  reaches: the ground truth executed turn by turn on its own fresh instances (as BFCL's checker does),
+  or, after a failed turn, the ground truth's calls of this turn replayed from the model's own state;
+- the outputs: the reference's outputs of turn k must all appear among the model's outputs of turns
   0..k (BFCL's response check works on "all outputs so far" the same way).
 
 The ground-truth reference is the same for all G samples of a task, so it is computed once per task and
 kept in an LRU cache that holds the training set. Nothing here evaluates text: reference calls are parsed
-with seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly.
+with seal_mini.oracle.ground_truth_call and dispatched to the back-end methods directly, and the model's
+recorded calls are replayed through seal_mini.bfcl_harness.run_call, as the episode ran them.
 
 Cost: the rules compare only the back ends a turn could have changed (back ends never touch each
-other's state) and walk a state only where it differs. `python -m seal_mini diagnose-check` measures
-diagnosing against executing; building a task's reference costs about one ground-truth replay.
+other's state) and walk a state only where it differs. Once a turn failed, the later turns' reference
+costs a replay of the model's calls and a copy of its back ends per turn, so diagnosing a failed episode
+costs about as much as running it again. `python -m seal_mini diagnose-check` measures diagnosing
+against executing; building a task's reference costs about one ground-truth replay.
 
 Attribution across turns. BFCL compares cumulative states, so once turn k diverges every later turn
-diverges too, and its checker stops at the first failing turn. SEAL wants one label per turn, so a later
-turn is only blamed for what it changed itself: a part of the state that already differed before the
-turn and that neither side touched is inherited, not a new mismatch; where both sides touched it, their
-changes are compared (a counter moved by the same amount, the same items appended to a list, the same
-members added to a set). The response check is skipped after a divergence, because the reference
-outputs then come from a different state than the model is in. Two limits follow: a divergence that
-lives only in private attributes (the file system's working directory) surfaces at the first turn where
-it changes public state, and ids drawn from a back end's seeded random stream differ once the calls
-that consume it differ, which shows up as a new mismatch.
+diverges too, and its checker stops at the first failing turn. SEAL wants one label per turn, so the
+first divergence gets the failure label and each later turn is judged against the state the model
+actually had: once a turn failed (or the public states parted), the reference for a later turn is the
+ground truth's calls of that turn replayed from the model's own back ends at the turn's start (rebuilt
+from the model's recorded calls, private state such as the working directory included). A turn that
+does the right thing on the state it was given passes; its calls failing on that state (a file an
+earlier turn never created) are not a new recovery failure when the reference's calls fail the same way.
+
+Repaired errors are treated one way, whatever their kind: an unreadable call, an unknown tool, bad
+arguments or an execution error labels its turn only if the turn does not end where the reference does
+(same state, the reference's outputs shown); a turn that ends there repaired them. A call that breaks
+the schema and runs anyway (a tool not offered yet, a wrong type, a value outside an enum: BFCL lets it
+through) is no error to repair and labels its turn wherever it ends.
 
 Turns that never began are not_reached. A turn that began but was cut (token budget, call limit) keeps a
 failure label its calls prove (invalid call, bad arguments, spurious call, unrepaired error) and is
@@ -35,15 +43,15 @@ otherwise not_reached too: it never counts as pass or as a correct abstention.
 from __future__ import annotations
 
 import copy
-import math
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from seal_mini.bfcl import Task
+from seal_mini.bfcl_harness import instance_name, method_owners, run_call
 from seal_mini.config import LABELS
-from seal_mini.env import NO_CALL, TurnRecord, format_output, new_instances, public_methods
+from seal_mini.env import INSTANCE_PREFIX, NO_CALL, TRUNCATED, TurnRecord, format_output, new_instances, public_methods
 from seal_mini.oracle import ground_truth_call
 
 FAILURE_LABELS = tuple(z for z in LABELS if z not in ("pass", "correct_abstention", "not_reached"))
@@ -98,6 +106,17 @@ def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dic
     return out
 
 
+def _run_calls(methods: dict, calls: list[tuple[str, dict]]) -> list[str]:
+    """Run reference calls directly on the back-end methods; their outputs as BFCL records them."""
+    outputs = []
+    for name, arguments in calls:
+        try:
+            outputs.append(format_output(methods[name](**copy.deepcopy(arguments))))
+        except Exception as e:  # noqa: BLE001 - the checker records a raising call the same way
+            outputs.append(f"Error during execution: {e}")
+    return outputs
+
+
 def reference(task: Task) -> Reference:
     """The task's ground-truth reference (cached: all G samples of a task share it)."""
     if task.id in _references:
@@ -109,17 +128,13 @@ def reference(task: Task) -> Reference:
     initial = _snapshot(instances)
     states, outputs, parsed = [], [], []
     for calls in task.ground_truth:
-        turn_outputs, turn_calls = [], []
+        turn_calls = []
         for text in calls:
             name, arguments = ground_truth_call(text, methods)
             # Back ends keep (and later grow) the lists passed in: keep a copy of any such argument.
             mutable = any(isinstance(v, (list, dict)) for v in arguments.values())
             turn_calls.append((name, copy.deepcopy(arguments) if mutable else arguments))
-            try:
-                turn_outputs.append(format_output(methods[name](**arguments)))
-            except Exception as e:  # the checker records a raising call the same way
-                turn_outputs.append(f"Error during execution: {e}")
-        outputs.append(turn_outputs)
+        outputs.append(_run_calls(methods, turn_calls))
         parsed.append(turn_calls)
         states.append(_snapshot(instances, states[-1] if states else initial))
     ref = Reference(initial, states, outputs, parsed, owners)
@@ -129,31 +144,9 @@ def reference(task: Task) -> Reference:
     return ref
 
 
-# --- state differences, with inheritance ------------------------------------------------------------
+# --- state differences ---------------------------------------------------------------------------
 
 _MISSING = object()
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def same_change(model_before, model_after, gt_before, gt_after) -> bool:
-    """Did the model's turn change this value the way the ground truth's turn changed its own?"""
-    if model_after == gt_after:
-        return True
-    if model_before == model_after and gt_before == gt_after:
-        return True  # an inherited difference neither side touched
-    values = (model_before, model_after, gt_before, gt_after)
-    if all(_number(v) for v in values):
-        return math.isclose(model_after - model_before, gt_after - gt_before, rel_tol=1e-9, abs_tol=1e-9)
-    if all(isinstance(v, list) for v in values):  # append-only lists: the same items appended
-        m, g = len(model_before), len(gt_before)
-        return model_after[:m] == model_before and gt_after[:g] == gt_before and model_after[m:] == gt_after[g:]
-    if all(isinstance(v, (set, frozenset)) for v in values):
-        added = model_after - model_before == gt_after - gt_before
-        return added and model_before - model_after == gt_before - gt_after
-    return False
 
 
 def _child(node, key):
@@ -164,31 +157,27 @@ def _child(node, key):
     return _MISSING if node is _MISSING else getattr(node, key, _MISSING)
 
 
-def new_differences(
-    model_before, model_after, gt_before, gt_after, path: tuple = (), seen: frozenset = frozenset()
-) -> list[tuple]:
-    """Paths (dict keys, attribute names, list indices) where the states differ after the turn because
-    of this turn, not an earlier one. Descends where the two after-states differ, carrying the two
-    before-states along, and judges each differing part with same_change."""
-    if model_after == gt_after:
+def differences(model, ref, path: tuple = (), seen: frozenset = frozenset()) -> list[tuple]:
+    """Paths (dict keys, attribute names, list indices) where two states differ: descends where they
+    differ and names the deepest differing parts."""
+    if model == ref:
         return []
-    if type(model_after) is type(gt_after) and isinstance(model_after, dict):
-        keys = list(model_after) + [k for k in gt_after if k not in model_after]
-    elif type(model_after) is type(gt_after) and isinstance(model_after, list) and len(model_after) == len(gt_after):
-        keys = range(len(model_after))
-    elif type(model_after) is type(gt_after) and hasattr(model_after, "__dict__") and not isinstance(model_after, type):
+    if type(model) is type(ref) and isinstance(model, dict):
+        keys = list(model) + [k for k in ref if k not in model]
+    elif type(model) is type(ref) and isinstance(model, list) and len(model) == len(ref):
+        keys = range(len(model))
+    elif type(model) is type(ref) and hasattr(model, "__dict__") and not isinstance(model, type):
         # Back-end objects (a file system's Directory / File): public attributes, skipping
         # back-references to an enclosing object (a directory's parent), which equality ignores too.
-        seen = seen | {id(model_after), id(gt_after)}
-        keys = [k for k, v in vars(model_after).items() if not k.startswith("_") and id(v) not in seen]
+        seen = seen | {id(model), id(ref)}
+        keys = [k for k, v in vars(model).items() if not k.startswith("_") and id(v) not in seen]
     else:  # a leaf, or a part only one side has
-        return [] if same_change(model_before, model_after, gt_before, gt_after) else [path]
+        return [path]
     out = []
     for key in keys:
-        after = _child(model_after, key), _child(gt_after, key)
-        if after[0] != after[1]:  # most parts agree: skip them before anything else
-            before = _child(model_before, key), _child(gt_before, key)
-            out += new_differences(before[0], after[0], before[1], after[1], path + (key,), seen)
+        a, b = _child(model, key), _child(ref, key)
+        if a != b:  # most parts agree: skip them before anything else
+            out += differences(a, b, path + (key,), seen)
     return out
 
 
@@ -204,27 +193,24 @@ class TurnEvidence:
     """The ground truth's calls of this turn, (name, keyword arguments)."""
     needs_call: bool
     """The ground truth makes at least one call in this turn."""
-    gt_outputs: list[str]
+    ref_outputs: list[str]
+    """The outputs of the ground truth's calls of this turn, run from the reference's starting state."""
     outputs: list[str]
-    """Outputs of every call the model executed in the episode, in order (shared by all turns)..."""
+    """Outputs of every call the model made in the episode, in order (shared by all turns)..."""
     outputs_so_far: int
     """...of which the first this many were made in turns 0..k."""
     executed: list
-    """The turn's CallEvents that reached a back end (execution errors included)."""
+    """The turn's CallEvents that were decoded and run (errors included): what the checker executes."""
     finished: bool
-    """The turn ended the normal way: the model answered without a call."""
+    """The turn ended the normal way: a message that decoded to no call."""
     differing: list[str]
-    """Back-end classes whose state after the turn differs from the ground truth's."""
-    moved: set[str]
-    """Classes the model called this turn or whose reference state changed: only these can hold a
-    difference that is new in this turn."""
-    diverged_before: bool
-    """The states already differed before this turn."""
-    model_before: dict | None
+    """Back-end classes whose state after the turn differs from the reference's."""
+    from_model_state: bool
+    """The reference is the ground truth replayed from the model's own state at the turn's start (an
+    earlier turn failed or the states had parted); else it is the ground truth's own run."""
     model_after: dict | None
     """None when the turn's end state was never recorded."""
-    gt_before: dict
-    gt_after: dict
+    ref_after: dict
     _differences: list[tuple] | None = field(default=None, repr=False)
 
     def made_by_reference(self, event) -> bool:
@@ -234,22 +220,36 @@ class TurnEvidence:
         return (event.name, event.arguments) in self.gt_calls
 
     def differences(self) -> list[tuple]:
-        """New state differences of this turn (computed once, only when asked)."""
+        """State differences after this turn (computed once, only when asked)."""
         if self._differences is None:
             self._differences = []
-            if self.model_after is not None and self.model_before is not None:
-                for cls in self.differing:
-                    if cls not in self.moved:  # an inherited difference that neither side touched
-                        continue
-                    if self.gt_after[cls] is self.gt_before[cls] and self.model_after[cls] == self.model_before[cls]:
-                        continue  # touched, but neither side changed it: still only inherited
-                    self._differences += [
-                        (cls, *path)
-                        for path in new_differences(
-                            self.model_before[cls], self.model_after[cls], self.gt_before[cls], self.gt_after[cls]
-                        )
-                    ]
+            for cls in self.differing if self.model_after is not None else []:
+                paths = differences(self.model_after[cls], self.ref_after[cls])
+                self._differences += [(cls, *path) for path in paths]
         return self._differences
+
+    def missing_outputs(self) -> list[str]:
+        """Reference outputs of this turn that no model output of turns 0..k matches (BFCL's response
+        check: a multiset check over all outputs so far)."""
+        remaining = self.outputs[: self.outputs_so_far]
+        missing = []
+        for item in self.ref_outputs:
+            if item in remaining:
+                remaining.remove(item)
+            else:
+                missing.append(item)
+        return missing
+
+    def ends_right(self) -> bool:
+        """The turn needs calls and ended where the reference does: same state, its outputs shown. Errors
+        on the way to such an end were repaired."""
+        return (
+            self.needs_call
+            and self.finished
+            and bool(self.executed)
+            and not self.differences()
+            and not self.missing_outputs()
+        )
 
 
 def _short(text, limit: int = 80) -> str:
@@ -268,15 +268,23 @@ def _path_text(path: tuple) -> str:
 # two labels for turns whose ground truth makes no call (spurious_tool_call, correct_abstention) apply
 # to disjoint turns from the four that need a call, so their place among those does not matter. A
 # malformed or invented call outranks everything, also on a turn that needs no call.
+# Repaired errors, one treatment: a failed call (error_kind set) counts for invalid_tool_call,
+# argument_mismatch or recovery_failure only on a turn that does not end where the reference does
+# (TurnEvidence.ends_right); a turn that ends there repaired it. A schema violation that ran anyway
+# (not_offered, wrong_type, not_in_enum) counts wherever the turn ends.
 
 
 def _never_begun(ev: TurnEvidence) -> str:
-    return "" if ev.record.messages else "no message in this turn: the episode ended before it"
+    if ev.record.messages:
+        return ""
+    if ev.record.ended_by == TRUNCATED:
+        return "the turn's first message was cut by the token budget before it ended"
+    return "no message in this turn: the episode ended before it"
 
 
 def _invalid_call(ev: TurnEvidence) -> str:
     for e in ev.record.events:
-        if e.error_kind in ("parse", "unknown_tool"):
+        if e.error_kind in ("parse", "unknown_tool") and not ev.ends_right():
             return f"{e.error_kind}: {_short(e.error)}"
         if e.violation == "not_offered" and not ev.made_by_reference(e):
             return f"{e.name} called before it was offered"
@@ -285,10 +293,10 @@ def _invalid_call(ev: TurnEvidence) -> str:
 
 def _bad_arguments(ev: TurnEvidence) -> str:
     for e in ev.record.events:
-        if e.error_kind == "arguments" or (
-            e.violation in ("wrong_type", "not_in_enum") and not ev.made_by_reference(e)
-        ):
+        if e.error_kind == "arguments" and not ev.ends_right():
             return f"{e.name}: {e.violation or 'arguments'}"
+        if e.violation in ("wrong_type", "not_in_enum") and not ev.made_by_reference(e):
+            return f"{e.name}: {e.violation}"
     return ""
 
 
@@ -313,12 +321,10 @@ def _state_differs(ev: TurnEvidence) -> str:
 
 
 def _unrepaired_error(ev: TurnEvidence) -> str:
-    # An execution error is repaired when a later call of the same tool in the same turn succeeds.
-    events = ev.record.events
-    for i, e in enumerate(events):
-        if e.error_kind != "execution":
-            continue
-        if not any(later.name == e.name and later.error_kind is None for later in events[i + 1 :]):
+    if ev.ends_right():
+        return ""
+    for e in ev.record.events:
+        if e.error_kind == "execution" and e.output not in ev.ref_outputs:  # else the reference fails the same way
             return f"{e.name} failed ({_short(e.error, 60)}) and was not repaired"
     return ""
 
@@ -328,20 +334,14 @@ def _no_call(ev: TurnEvidence) -> str:
 
 
 def _outputs_missing(ev: TurnEvidence) -> str:
-    if not (ev.needs_call and ev.finished) or ev.diverged_before:
+    if not (ev.needs_call and ev.finished):
         return ""
-    remaining = ev.outputs[: ev.outputs_so_far]
-    missing = []
-    for item in ev.gt_outputs:  # a multiset check: each model output can match one reference output
-        if item in remaining:
-            remaining.remove(item)
-        else:
-            missing.append(item)
+    missing = ev.missing_outputs()
     return f"{len(missing)} expected output(s) missing, e.g. {_short(missing[0], 60)!r}" if missing else ""
 
 
 def _finished(ev: TurnEvidence) -> str:
-    return "state and outputs match the ground truth" if ev.finished else ""
+    return "state and outputs match the reference" if ev.finished else ""
 
 
 def _cut_short(ev: TurnEvidence) -> str:
@@ -379,8 +379,38 @@ class TurnDiagnosis:
     """The rules could not attribute this failure precisely (a candidate for the small model)."""
 
 
-def evidence(episode) -> list[TurnEvidence]:
-    """The evidence of every task turn. Reads only task, turn_records(), turn_states of the episode."""
+class _ModelReplay:
+    """The model's back ends rebuilt from its recorded calls (run as the episode ran them), so that the
+    ground truth can be replayed from the state the model actually had, private state included."""
+
+    def __init__(self, task: Task, records: list[TurnRecord]):
+        self.instances = new_instances(task)
+        self.scope = {instance_name(INSTANCE_PREFIX, task.id, c): i for c, i in self.instances.items()}
+        self.owners = method_owners(self.scope)
+        for record in records:
+            self.advance(record)
+
+    def advance(self, record: TurnRecord) -> None:
+        """Run the model's calls of one more turn."""
+        for step in record.steps:
+            for call in step:
+                run_call(call, self.scope, self.owners)
+
+    def reference_turn(self, calls: list[tuple[str, dict]]) -> tuple[dict, list[str]]:
+        """(state after, outputs) of the ground truth's calls of a turn, run on a copy of the model's back ends."""
+        try:
+            instances = pickle.loads(pickle.dumps(self.instances, protocol=pickle.HIGHEST_PROTOCOL))
+        except Exception:  # noqa: BLE001 - a back end that does not pickle is copied the slow way
+            instances = copy.deepcopy(self.instances)
+        outputs = _run_calls(public_methods(instances), calls)
+        return _snapshot(instances), outputs
+
+
+def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
+    """(evidence, label, reason) of every task turn, in order. Reads only task, turn_records() and
+    turn_states of the episode. A turn is judged against the ground truth's own run while every turn
+    before it passed and the states agree; after that, against the ground truth replayed from the
+    model's state (see the module docstring)."""
     task = episode.task
     ref = reference(task)
     records = episode.turn_records()
@@ -388,45 +418,52 @@ def evidence(episode) -> list[TurnEvidence]:
     if len(records) != len(task.turns):
         raise ValueError(f"episode of {task.id} has {len(records)} turn records for {len(task.turns)} turns")
     out, outputs = [], []
-    same = dict.fromkeys(ref.initial_state, True)  # per class: the model's state equals the reference's
+    same = dict.fromkeys(ref.initial_state, True)  # per class: the model's public state equals the reference's
+    replay: _ModelReplay | None = None
     for k, record in enumerate(records):
         executed = [e for e in record.events if e.call is not None]
         outputs += [e.output for e in executed]
-        model_before = ref.initial_state if k == 0 else (states[k - 1] if k - 1 < len(states) else None)
         model_after = states[k] if k < len(states) else None
         gt_before = ref.initial_state if k == 0 else ref.states[k - 1]
         gt_after = ref.states[k]
-        diverged_before = not all(same.values())
-        # Back ends never touch each other's state: a class the model did not call this turn kept its
-        # state, and where the reference's did not move either (it shares the snapshot object), the
-        # comparison of the turn before still holds. Only the rest is compared.
+        # Back ends never touch each other's state, and both sides start the turn from the same state:
+        # only a class the model called or the reference changed can differ after it.
         touched = {ref.owners.get(e.name) for e in executed}
-        moved = {cls for cls in same if cls in touched or gt_after[cls] is not gt_before[cls]}
+        from_model_state = not all(same.values()) or any(z not in ("pass", "correct_abstention") for _, z, _ in out)
+        if from_model_state and model_after is not None:
+            replay = replay or _ModelReplay(task, records[:k])
+            ref_after, ref_outputs = replay.reference_turn(ref.calls[k])
+            candidates = touched | {ref.owners[name] for name, _ in ref.calls[k]}
+            replay.advance(record)
+        else:
+            ref_after, ref_outputs = gt_after, ref.outputs[k]
+            candidates = touched | {cls for cls in same if gt_after[cls] is not gt_before[cls]}
         for cls in same:
             if model_after is None:
                 same[cls] = False
-            elif cls in moved:
+            elif cls in touched or gt_after[cls] is not gt_before[cls]:
                 same[cls] = model_after[cls] == gt_after[cls]
-        out.append(
-            TurnEvidence(
-                record=record,
-                gt_calls=ref.calls[k],
-                needs_call=bool(ref.calls[k]),
-                gt_outputs=ref.outputs[k],
-                outputs=outputs,
-                outputs_so_far=len(outputs),
-                executed=executed,
-                finished=record.ended_by == NO_CALL and model_after is not None,
-                differing=[cls for cls, ok in same.items() if not ok],
-                moved=moved,
-                diverged_before=diverged_before,
-                model_before=model_before,
-                model_after=model_after,
-                gt_before=gt_before,
-                gt_after=gt_after,
-            )
+        ev = TurnEvidence(
+            record=record,
+            gt_calls=ref.calls[k],
+            needs_call=bool(ref.calls[k]),
+            ref_outputs=ref_outputs,
+            outputs=outputs,
+            outputs_so_far=len(outputs),
+            executed=executed,
+            finished=record.ended_by == NO_CALL and model_after is not None,
+            differing=[c for c in ref_after if c in candidates and model_after and model_after[c] != ref_after[c]],
+            from_model_state=from_model_state,
+            model_after=model_after,
+            ref_after=ref_after,
         )
+        out.append((ev, *label_turn(ev)))
     return out
+
+
+def evidence(episode) -> list[TurnEvidence]:
+    """The evidence of every task turn (see _walk)."""
+    return [ev for ev, _, _ in _walk(episode)]
 
 
 def label_turn(ev: TurnEvidence) -> tuple[str, str]:
@@ -445,11 +482,9 @@ def diagnose_turns(episode, verdict=None, judge=None) -> list[TurnDiagnosis]:
     episode and no rule found a failing turn, the turn the checker names takes the checker's error type
     (BFCL's state-mismatch message names no turn; then nothing changes). In diagnose-check's sample no
     failed episode went without a failing turn. `judge` (seal_mini.judge.LabelJudge) fills `detail`."""
-    evidences = evidence(episode)
-    out = []
-    for k, ev in enumerate(evidences):
-        label, reason = label_turn(ev)
-        out.append(TurnDiagnosis(k, label, reason, ambiguous=label == "state_mismatch"))
+    walked = _walk(episode)
+    evidences = [ev for ev, _, _ in walked]
+    out = [TurnDiagnosis(k, z, reason, ambiguous=z == "state_mismatch") for k, (_, z, reason) in enumerate(walked)]
     if verdict is not None and verdict.reward == 0.0:
         unexplained = all(d.label in ("pass", "correct_abstention") for d in out)
         turn = verdict.failed_turn

@@ -9,14 +9,18 @@ every turn short (token truncation; one call message over the per-turn limit) an
 turn never counts as pass and the turns after it are not_reached.
 
 Some faults leave no trace at their own turn, or another one than intended (a changed value the back
-end does not store; a dropped booking that a later cancellation in the same turn would have undone).
-For the three kinds whose label rests on the fault's effect, the official BFCL checker decides: it is
-run on the episode's turns up to the faulted one, and the fault is attributable when the checker fails
-that turn with the error type of the expected label (instance_state_mismatch for state_mismatch,
-execution_response_mismatch for response_mismatch). Accuracy is reported over all faulty episodes and
-over the attributable ones; for the other kinds every fault is attributable by construction. The
-faulty episodes of every 8th task also get the full official verdict: a failed episode in which the
-rules find no failing turn would show there.
+end does not store; a dropped booking that a later cancellation in the same turn would have undone; a
+broken call whose output an earlier turn already fetched, which BFCL passes). The official BFCL checker
+decides, run on the episode's turns up to the faulted one. For the three kinds whose label rests on the
+fault's effect, the fault is attributable when the checker fails that turn with the error type of the
+expected label (instance_state_mismatch for state_mismatch, execution_response_mismatch for
+response_mismatch); for the kinds whose label is an error (invalid_tool_call, argument_mismatch,
+recovery_failure), when the checker fails that turn at all, since an error on a turn that ends where the
+reference does was repaired; for the repaired kinds (expected pass), when it passes it. Spurious calls,
+answers without a call and wrongly typed values (which label a turn wherever it ends) are attributable
+by construction. Accuracy is reported over all faulty
+episodes and over the attributable ones. The faulty episodes of every 8th task also get the full
+official verdict: a failed episode in which the rules find no failing turn would show there.
 
 Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
 building each task's ground-truth reference (once per task, shared by all its episodes).
@@ -55,9 +59,20 @@ FAULTS: dict[str, tuple[str, str]] = {
     "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
     "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
     "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
+    "one_line_call": (
+        "invalid_tool_call",
+        "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)",
+    ),
+    "fenced_call": ("invalid_tool_call", "one call's JSON inside a ```json fence between the tags"),
+    "two_calls_one_block": ("invalid_tool_call", "two calls' JSON objects in one <tool_call> block"),
+    "repaired_malformed_call": ("pass", "one call of a turn broken next to the others, then sent again correctly"),
+    "repaired_failing_call": ("pass", "a read-only call fails, then is sent again correctly"),
 }
 EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
+BY_CONSTRUCTION = ("spurious_call", "no_call_answer", "wrong_argument_type")
+"""Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
+no call where one is, a call outside the schema that ran anyway."""
 CHECKER_ERROR = {
     "state_mismatch": "multi_turn:instance_state_mismatch",
     "response_mismatch": "multi_turn:execution_response_mismatch",
@@ -317,6 +332,63 @@ def _failing(task, p, turn, rng):
     return _blocks(calls), f"{name}({arg}=no_such_...) fails"
 
 
+def _written(form: str):
+    """A builder that writes one call of the turn in a form BFCL's decoder does not read."""
+
+    def build(task, p, turn, rng):
+        if not p[turn]:
+            return None
+        calls = _pairs(p[turn])
+        i = rng.randrange(len(calls))
+        body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
+        blocks = _blocks(calls)
+        blocks[i] = f"{OPEN}{body}{CLOSE}" if form == "one_line" else f"{OPEN}\n```json\n{body}\n```\n{CLOSE}"
+        return blocks, f"{calls[i][0]} written {form}"
+
+    return build
+
+
+def _two_in_one(task, p, turn, rng):
+    if len(p[turn]) < 2:
+        return None
+    calls = _pairs(p[turn])
+    i = rng.randrange(len(calls) - 1)
+    both = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls[i : i + 2])
+    return _blocks(calls[:i]) + [f"{OPEN}\n{both}\n{CLOSE}"] + _blocks(
+        calls[i + 2 :]
+    ), f"{calls[i][0]} + {calls[i + 1][0]}"
+
+
+REPAIRED = ("repaired_malformed_call", "repaired_failing_call")
+"""Kinds scripted as exact messages: all of the turn's calls in one message (one of them broken), then
+the broken one alone, corrected, in the next message (the repair), then the final answer."""
+
+
+def _repaired(failing: bool):
+    def build(task, p, turn, rng):
+        calls = _pairs(p[turn])
+        if failing:
+            clean = _clean(task, p, turn)
+            options = [
+                i for i in _final_reads(p[turn]) if i in clean and any(isinstance(v, str) for v in calls[i][1].values())
+            ]
+        else:  # the last call, so that the repair runs in the reference's order; another must run next to it
+            options = [len(calls) - 1] if len(calls) >= 2 else []
+        if not options:
+            return None
+        i = rng.choice(options)
+        name, arguments = calls[i]
+        if failing:
+            arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
+            first = format_call(name, {**arguments, arg: "no_such_" + arguments[arg]})
+        else:
+            first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
+        message = "\n".join(_blocks(calls[:i]) + [first] + _blocks(calls[i + 1 :]))
+        return [message, format_call(name, arguments)], f"{name} {'failed' if failing else 'broken'}, then repaired"
+
+    return build
+
+
 BUILDERS = {
     "malformed_call": _malformed,
     "tool_not_offered": _not_offered,
@@ -328,6 +400,11 @@ BUILDERS = {
     "spurious_call": _spurious,
     "no_call_answer": _no_call,
     "unrepaired_error": _failing,
+    "one_line_call": _written("one_line"),
+    "fenced_call": _written("fenced"),
+    "two_calls_one_block": _two_in_one,
+    "repaired_malformed_call": _repaired(failing=False),
+    "repaired_failing_call": _repaired(failing=True),
 }
 assert set(BUILDERS) == set(FAULTS)
 
@@ -337,15 +414,15 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
     if turn >= len(episode.turns):
         return False
     events = episode.turns[turn].events
-    if kind == "malformed_call":
+    if kind in ("malformed_call", "one_line_call", "fenced_call", "two_calls_one_block", "repaired_malformed_call"):
         return any(e.error_kind == "parse" for e in events)
     if kind == "tool_not_offered":
-        return any(e.error_kind == "unknown_tool" or e.violation == "not_offered" for e in events)
+        return any(e.violation in ("unknown_tool", "not_offered") for e in events)
     if kind == "missing_required_argument":
         return any(e.violation == "missing_required" for e in events)
     if kind == "wrong_argument_type":
         return any(e.violation == "wrong_type" for e in events)
-    if kind == "unrepaired_error":
+    if kind in ("unrepaired_error", "repaired_failing_call"):
         return any(e.error_kind == "execution" for e in events)
     return True  # the other faults are realized by construction
 
@@ -354,18 +431,23 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
 
 
 def drive(task: Task, messages: list[list[str]], max_calls_per_turn: int = 20, cut_turn: int | None = None) -> Episode:
-    """Run scripted assistant messages per turn; with cut_turn, truncate after that turn's messages."""
+    """Run scripted assistant messages per turn, as BFCL's inference loop takes them: a message that ends
+    the turn leaves the rest of that turn's messages unsent, and a turn whose messages run out gets the
+    final answer. With cut_turn, truncate after that turn's messages instead."""
     episode = Episode(task, max_calls_per_turn=max_calls_per_turn)
     episode.reset()
     for k, texts in enumerate(messages):
-        for text in texts:
-            if episode.done:
-                break
-            episode.step(text)
-        if k == cut_turn and not episode.done:
-            episode.truncate()
         if episode.done:
             break
+        ended = False
+        for text in texts:
+            if episode.step(text).turn_done:
+                ended = True
+                break
+        if k == cut_turn and not ended:
+            episode.truncate()
+        elif not ended:
+            episode.step(DONE_TEXT)
     return episode
 
 
@@ -455,11 +537,16 @@ class Run:
         self.around["before"].update(d.label for d in diagnoses[:turn])
         self.around["after"].update(d.label for d in diagnoses[turn + 1 :])
         seen = ""
-        if kind in EFFECT_KINDS:
+        if kind not in BY_CONSTRUCTION:
             verdict = _timed(self.timer, "verify", _prefix_verdict, task, episode, turn)
             seen = verdict.error_type or "passes the turn"
             tally.checker_types[verdict.error_type or "passed"] += 1
-        attributable = kind not in EFFECT_KINDS or seen == CHECKER_ERROR[tally.expected]
+        if kind in EFFECT_KINDS:
+            attributable = seen == CHECKER_ERROR[tally.expected]
+        elif tally.expected == "pass":
+            attributable = seen == "passes the turn"
+        else:
+            attributable = kind in BY_CONSTRUCTION or seen != "passes the turn"
         tally.attributable += attributable
         tally.attributable_correct += attributable and label == tally.expected
         if label != tally.expected and len(tally.misses) < self.examples:
@@ -524,7 +611,8 @@ def run_check(
                     if built is None:
                         break
                     blocks, note = built
-                    messages = gt_messages[:turn] + [turn_messages(blocks, parallel)] + gt_messages[turn + 1 :]
+                    scripted = blocks + [DONE_TEXT] if kind in REPAIRED else turn_messages(blocks, parallel)
+                    messages = gt_messages[:turn] + [scripted] + gt_messages[turn + 1 :]
                     episode = _timed(timer, "execute", drive, task, messages)
                     if realized(kind, episode, turn):
                         break
@@ -591,7 +679,7 @@ def _summary(run: Run) -> dict:
             "labels": dict(t.labels.most_common()),
             "misses": t.misses,
         }
-        if kind in EFFECT_KINDS:
+        if t.checker_types:
             faults[kind]["checker_at_fault_turn"] = dict(t.checker_types.most_common())
     n = max(timer.episodes, 1)
     execute_ms = 1000 * timer.execute / n

@@ -19,7 +19,7 @@ from seal_mini.bfcl import Task
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
 from seal_mini.env import Episode
 from seal_mini.oracle import POLICIES, play
-from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import open_partial, read_json, read_pieces, read_safetensors, run_lock, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -35,6 +35,26 @@ class ModelAgent:
         self.policy, self.cfg, self.adapter = policy, cfg, adapter
         self.temperature = cfg.eval.temperature if temperature is None else temperature
         self.name = f"{cfg.model.name}{' + adapter' if adapter else ''}"
+        self._adapter_hash = None
+
+    @property
+    def adapter_hash(self) -> str | None:
+        """sha256 of the adapter weights this agent runs with (None for the backbone): two evaluations
+        of differently trained adapters never share pieces, whatever their source says."""
+        if self.adapter and self._adapter_hash is None:
+            import hashlib
+
+            import torch
+
+            digest = hashlib.sha256()
+            for name, lora in sorted(getattr(self.policy.model, "peft_config", {}).items()):
+                digest.update(f"{name}: r={lora.r} alpha={lora.lora_alpha}".encode())  # the scale of the weights
+            for name, p in sorted(self.policy.model.named_parameters()):
+                if "lora_" in name:
+                    digest.update(name.encode())
+                    digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            self._adapter_hash = digest.hexdigest()
+        return self._adapter_hash
 
     def run(self, envs: list, progress=None) -> list[dict]:
         from seal_mini.rollout import run_rollouts
@@ -61,6 +81,35 @@ class ScriptedAgent:
         return records
 
 
+def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, **extra) -> dict:
+    """What produced a piece of evaluation work: policy, adapter, source, tasks, generation settings, token
+    limits, kit version (and what a suite adds). A piece is reused only by an evaluation with the same."""
+    from seal_mini import __version__
+
+    r = cfg.rollout
+    return {
+        "policy": agent.name,
+        # everything that shapes the model's forward pass (gradient checkpointing only acts in the update)
+        "model": {k: v for k, v in cfg.to_dict()["model"].items() if k != "gradient_checkpointing"},
+        "adapter": getattr(agent, "adapter_hash", None),
+        "source": source,
+        "task_ids": task_ids,
+        "generation": {
+            "temperature": getattr(agent, "temperature", None),
+            "top_p": r.top_p,
+            "max_new_tokens": r.max_new_tokens,
+            "seed": cfg.seed,
+        },
+        "limits": {
+            "max_prompt_tokens": r.max_prompt_tokens,
+            "max_response_tokens": r.max_response_tokens,
+            "max_total_tokens": r.max_total_tokens,
+        },
+        "kit": __version__,
+        **extra,
+    }
+
+
 def success_table(rows: list[dict]) -> dict[str, float]:
     """Success rate per category and their mean (the paper's average over the four categories)."""
     table = {}
@@ -85,17 +134,14 @@ def evaluate(
     """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories.
 
     `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
-    only by an evaluation with the same policy, source and tasks."""
+    only by an evaluation with the same identity (eval_identity: policy, adapter, tasks, settings)."""
     from seal_mini.diagnose import diagnose
     from seal_mini.verifier import check_episode
 
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
-    identity = {"policy": agent.name, "source": source, "task_ids": [t.id for t in tasks]}
-    open_partial(partial, identity)
-    done_rows = []
-    for piece in sorted(partial.glob("*.jsonl.gz")):  # resume: keep the pieces already finished
-        done_rows += read_jsonl_gz(piece)
+    open_partial(partial, eval_identity(agent, cfg, source, [t.id for t in tasks]))
+    done_rows = read_pieces(partial)  # resume: keep the pieces already finished
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
     from tqdm import tqdm
@@ -103,7 +149,7 @@ def evaluate(
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress)
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
-        envs = [Episode(t, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode) for t in chunk]
+        envs = [Episode(t) for t in chunk]  # BFCL's own limits: env.* shape training episodes only
         records = agent.run(envs, progress=bar)  # the bar moves as each episode finishes
         rows = []
         for task, env, record in zip(chunk, envs, records, strict=True):
@@ -157,7 +203,7 @@ def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
         path = Path(ids_file)
         if not path.is_file():
             raise ConfigError(f"--ids {ids_file}: no such file (a JSON list of task ids)")
-        ids = json.loads(path.read_text())
+        ids = read_json(path, fix="give a JSON list of task ids")
         if not isinstance(ids, list):
             raise ConfigError(f"--ids {ids_file}: expected a JSON list of task ids")
         from seal_mini.bfcl import tasks_by_id
@@ -199,8 +245,12 @@ def main(argv: list[str]) -> int:
     if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
         args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     cfg = load_config(args.recipe, args.overrides)
-    if args.suite != "bfcl_v3":
-        return suite_main(args, cfg)
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
+        return suite_main(args, cfg) if args.suite != "bfcl_v3" else held_in_main(args, cfg)
+
+
+def held_in_main(args, cfg: Config) -> int:
+    """`eval`: held-in BFCL V3 for the backbone, an adapter or a scripted policy."""
     tasks = eval_tasks(cfg, args.ids)
     out_dir = cfg.run_dir / "eval"
     results = []
@@ -228,6 +278,8 @@ def load_policy_for(cfg: Config, adapter: str | None):
     if adapter:
         if not Path(adapter).is_dir():
             raise ConfigError(f"--adapter {adapter}: no such folder")
+        # a damaged adapter is named here in one line, not deep inside peft
+        read_safetensors(Path(adapter) / "adapter_model.safetensors", fix="restore it, or train it again")
         cfg.lora.adapter_path = adapter
     return load_policy(cfg)
 

@@ -1,13 +1,16 @@
 """The training-time interface Omega: a wrapper around an Episode that evaluation simply leaves out.
 
 Omega_t changes only what the model is shown, never what happens: the same tools execute the same
-calls, the episode records the same events, the verifier scores the same checker input. Three
+calls, the episode records the same events, the verifier scores the same checker input (the one
+exception is parse_retry, below: the retried message is recorded as a parse error and never runs). Three
 components, each switchable in the recipe (interface.*):
 - phi_schema: schema facts that are already public (required / type / allowed values on every
   parameter description) and a system note with the exact call format and "do not invent tools".
 - phi_err: an error observation gets a feedback line naming the error class and the violated
   constraint. It is built from the call event and the public schema only: never a correct value,
-  never the next call.
+  never the next call. It also says so when a <tool_call> block could not be read (BFCL drops it
+  without a word), and with parse_retry a message whose calls cannot be read at all gets an error
+  and another try within the turn, where BFCL (and so the bare environment) ends the turn.
 - phi_cap: capability-level guidelines picked from the round's failure profile, one system message.
 `evolve(state, profile, cfg)` is Omega_{t+1} = Evolve(Omega_t, C_t); the loop saves each round's
 `InterfaceState.to_dict()`.
@@ -29,11 +32,11 @@ from seal_mini.env import CallEvent, Episode, StepResult, TurnRecord, render_new
 # public schema facts ({tool}, {required}, {params}) and nothing from the task instance.
 
 SCHEMA_NOTE = (
-    "How to call a tool: write <tool_call>"
-    '{"name": "<tool name>", "arguments": {"<parameter>": <value>, ...}}'
-    "</tool_call>, one block per call; one message may hold several blocks. Call only the tools "
-    "listed; never invent a tool or a parameter. Parameters marked [required] must always be given, "
-    "with values of the type shown."
+    "How to call a tool: write <tool_call> on a line of its own, then one JSON object "
+    '{"name": "<tool name>", "arguments": {"<parameter>": <value>, ...}} on the next line, then '
+    "</tool_call> on a line of its own; one block per call, and one message may hold several blocks. "
+    "Call only the tools listed; never invent a tool or a parameter. Parameters marked [required] must "
+    "always be given, with values of the type shown."
 )
 PARAM_MARK = "[{presence}; {type}]"
 ENUM_MARK = "[{presence}; {type}; one of: {values}]"
@@ -67,8 +70,8 @@ GUIDELINES = {
     ),
     "well_formed_calls": (
         "invalid_tool_call",
-        'Write every call as valid JSON with "name" and "arguments" inside <tool_call></tool_call>, '
-        "naming only listed tools.",
+        'Write every call as one valid JSON object with "name" and "arguments" between a <tool_call> line '
+        "and a </tool_call> line, naming only listed tools.",
     ),
     "follow_the_schema": (
         "argument_mismatch",
@@ -80,9 +83,9 @@ GUIDELINES = {
 # violation, or, for errors the back end reports, from the error text (EXECUTION_CLASSES).
 ERROR_CLASSES = {
     "parse": (
-        "malformed call",
-        'each call must be one valid JSON object {"name": ..., "arguments": {...}} inside '
-        "<tool_call></tool_call>, with nothing else in the block",
+        "unreadable call",
+        'each call must be one valid JSON object {"name": ..., "arguments": {...}} between a line '
+        "<tool_call> and a line </tool_call>, with nothing else in the block",
     ),
     "unknown_tool": ("unknown tool", "only the listed tools exist; a name not on the list cannot be called"),
     "missing_required": (
@@ -133,6 +136,8 @@ class InterfaceState:
 
     schema_cues: bool = False
     error_feedback: bool = False
+    parse_retry: bool = False
+    """Part of phi_err: a message whose calls cannot be read gets an error and another try in the turn."""
     guidelines: list[str] = field(default_factory=list)
     """Active guideline ids (keys of GUIDELINES), in the order they are shown."""
     reasons: dict[str, str] = field(default_factory=dict)
@@ -140,12 +145,13 @@ class InterfaceState:
 
     @property
     def active(self) -> bool:
-        return self.schema_cues or self.error_feedback or bool(self.guidelines)
+        return self.schema_cues or self.error_feedback or self.parse_retry or bool(self.guidelines)
 
     def to_dict(self) -> dict:
         return {
             "schema_cues": self.schema_cues,
             "error_feedback": self.error_feedback,
+            "parse_retry": self.parse_retry,
             "guidelines": list(self.guidelines),
             "reasons": dict(self.reasons),
         }
@@ -153,7 +159,7 @@ class InterfaceState:
     @classmethod
     def from_dict(cls, data: dict) -> InterfaceState:
         """Rebuild a saved state; unknown keys or guideline ids are errors."""
-        unknown = sorted(set(data) - {"schema_cues", "error_feedback", "guidelines", "reasons"})
+        unknown = sorted(set(data) - {"schema_cues", "error_feedback", "parse_retry", "guidelines", "reasons"})
         if unknown:
             raise ConfigError(f"interface state: unknown keys {unknown}")
         bad = [g for g in data.get("guidelines", []) if g not in GUIDELINES]
@@ -162,6 +168,7 @@ class InterfaceState:
         return cls(
             schema_cues=bool(data.get("schema_cues", False)),
             error_feedback=bool(data.get("error_feedback", False)),
+            parse_retry=bool(data.get("parse_retry", False)),
             guidelines=list(data.get("guidelines", [])),
             reasons=dict(data.get("reasons", {})),
         )
@@ -230,7 +237,9 @@ def evolve(state: InterfaceState, profile: dict, cfg: InterfaceConfig) -> Interf
         fixed = list(GUIDELINES)[: cfg.top_k] if cfg.guidelines else []
         components = {"schema_cues": cfg.schema_cues, "error_feedback": cfg.error_feedback}
         reasons = {name: "open loop" for name in [*components, *fixed] if components.get(name, True)}
-        return InterfaceState(cfg.schema_cues, cfg.error_feedback, fixed, reasons)
+        return InterfaceState(
+            cfg.schema_cues, cfg.error_feedback, cfg.error_feedback and cfg.parse_retry, fixed, reasons
+        )
 
     reasons: dict[str, str] = {}
     on = {}
@@ -246,7 +255,8 @@ def evolve(state: InterfaceState, profile: dict, cfg: InterfaceConfig) -> Interf
             reasons[name] = why
     guidelines, why_guidelines = select_guidelines(profile, cfg) if cfg.guidelines else ([], {})
     reasons.update(why_guidelines)
-    return InterfaceState(on["schema_cues"], on["error_feedback"], guidelines, reasons)
+    retry = on["error_feedback"] and cfg.parse_retry
+    return InterfaceState(on["schema_cues"], on["error_feedback"], retry, guidelines, reasons)
 
 
 # --- the cues themselves ----------------------------------------------------------------------------
@@ -347,19 +357,14 @@ class Interface:
         return messages, tools
 
     def step(self, text: str | bytes) -> StepResult:
-        """The bare step; errors get feedback, tools revealed later get the schema marks."""
-        result = self.env.step(text)
+        """The bare step (with parse_retry: an unreadable call is retried, not the end of the turn);
+        errors get feedback, tools revealed later get the schema marks."""
+        result = self.env.step(text, retry_unreadable=self.state.parse_retry)
         if not (self.state.error_feedback or self.state.schema_cues):
             return result
         observation = [dict(m) for m in result.observation]
         if self.state.error_feedback:
-            # The episode puts one tool message per call event first, in event order.
-            for i, event in enumerate(result.events):
-                if event.error_kind is None:
-                    continue
-                assert observation[i]["role"] == "tool", "observation does not line up with the call events"
-                observation[i]["content"] = f"{observation[i]['content']}\n{feedback(event, self._schema(event.name))}"
-                self.errors_rewritten += 1
+            self._add_feedback(result, observation)
         if self.state.schema_cues and result.turn_done and not result.done:
             self._annotate_reveal(observation)
         return replace(result, observation=observation)
@@ -408,6 +413,29 @@ class Interface:
                 if doc["name"] == name:
                     return to_chat_tool(doc)["function"]["parameters"]
         return None
+
+    def _add_feedback(self, result: StepResult, observation: list[dict]) -> None:
+        """phi_err on one step's observation. The episode shows one tool message per decoded call, in
+        the order of their events; a block BFCL could not read gets no message, so it gets one here
+        while the turn goes on (a retried message's own error message takes its feedback instead)."""
+        called = [e for e in result.events if e.call is not None]
+        unread = [e for e in result.events if e.call is None]
+        for i, event in enumerate(called):
+            if event.error_kind is not None:
+                assert observation[i]["role"] == "tool", "observation does not line up with the call events"
+                observation[i]["content"] = f"{observation[i]['content']}\n{feedback(event, self._schema(event.name))}"
+                self.errors_rewritten += 1
+        if not unread or result.turn_done:
+            return
+        if not called:  # the episode let the model retry: one error message for the whole message
+            observation[0]["content"] = f"{observation[0]['content']}\n{feedback(unread[0], None)}"
+        else:
+            extra = [
+                {"role": "tool", "name": e.name or "", "content": f"Error: {e.error}\n{feedback(e, None)}"}
+                for e in unread
+            ]
+            observation[len(called) : len(called)] = extra
+        self.errors_rewritten += len(unread)
 
     def _annotate_reveal(self, observation: list[dict]) -> None:
         """miss_func: the user message that reveals tools shows their schemas; mark those too."""

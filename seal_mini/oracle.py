@@ -3,6 +3,9 @@
 `python -m seal_mini oracle` runs three of them over all 800 tasks: the ground truth (must pass
 800/800), an empty policy (0/800), and the ground truth without the last call of each turn (0/800).
 That shows the environment and the verifier agree with the benchmark before any model is involved.
+`python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
+perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
+agree on every one (seal_mini.differential).
 """
 
 from __future__ import annotations
@@ -103,6 +106,13 @@ def run_oracle(categories=CATEGORIES, limit: int = 0) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--differential"]:
+        from seal_mini import differential
+
+        return differential.main(argv[1:])
+    if argv:
+        print("usage: python -m seal_mini oracle [--differential [--kinds K ...] [--limit N] ...]")
+        return 2
     result = run_oracle()
     for policy in POLICIES:
         row = ", ".join(f"{c} {v['passed']}/{v['total']}" for c, v in result[policy].items())

@@ -11,39 +11,44 @@ from __future__ import annotations
 import argparse
 import json
 
-import yaml
-
-from seal_mini.config import ConfigError, load_config
-from seal_mini.runio import latest_checkpoint, read_json
+from seal_mini.config import load_config
+from seal_mini.runio import FileError, read_json, run_lock
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini pipeline", description="train, evaluate, report")
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--restart", action="store_true", help="move what the run directory holds aside, start over")
     args = parser.parse_args(argv)
     cfg = load_config(args.recipe, args.overrides)
     from seal_mini.ood import check_suites
 
     check_suites(cfg)  # a missing optional extra is an error now, not after training
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
+        return pipeline(cfg, args.restart)
 
+
+def finished(path, source: str) -> dict | None:
+    """An evaluation result finished before a stop, if it is this one; a damaged one is redone."""
+    if not path.exists():
+        return None
+    try:
+        result = read_json(path)
+    except FileError as e:
+        print(f"[pipeline] {str(e).split(';')[0]}: evaluating again")
+        return None
+    return result if result.get("source") == source else None
+
+
+def pipeline(cfg, restart: bool = False) -> int:
+    """Train (or continue training), evaluate backbone and adapter, write the report."""
     from seal_mini.evaluate import ModelAgent, eval_tasks, evaluate, print_table
     from seal_mini.ood import print_suite, run_suite
     from seal_mini.report import build_report
     from seal_mini.train import train
 
-    run_dir = cfg.run_dir
-    resume = latest_checkpoint(run_dir) is not None
-    if resume:
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-        if saved != cfg.to_dict():
-            changed = sorted(k for k in cfg.to_dict() if saved.get(k) != cfg.to_dict()[k])
-            raise ConfigError(
-                f"{run_dir} holds a run made with a different config (sections {changed}); "
-                f"rerun with its recipe, or give this one a new name (name=...)"
-            )
-        print(f"[pipeline] {run_dir} has a checkpoint: continuing that run")
-    run_dir, policy = train(cfg, resume=resume)
+    run_dir, policy = train(cfg, resume=True, restart=restart)
 
     tasks = eval_tasks(cfg)
     results, suite_results = [], []
@@ -55,9 +60,9 @@ def main(argv: list[str]) -> int:
         # held-in BFCL V3 (Table 1), then the out-of-distribution suites the recipe names (Table 2)
         for suite in ["bfcl_v3", *cfg.ood.suites]:
             tag = which if suite == "bfcl_v3" else f"{suite}_{which}"
-            done = run_dir / "eval" / f"{tag}.json"
-            if done.exists() and read_json(done).get("source") == source:  # finished before a stop: keep it
-                (results if suite == "bfcl_v3" else suite_results).append(read_json(done))
+            done = finished(run_dir / "eval" / f"{tag}.json", source)
+            if done is not None:  # finished before a stop: keep it
+                (results if suite == "bfcl_v3" else suite_results).append(done)
             elif suite == "bfcl_v3":
                 results.append(evaluate(agent, tasks, cfg, run_dir / "eval", tag, source=source))
             else:

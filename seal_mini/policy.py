@@ -79,7 +79,7 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     return wanted
 
 
-def _load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
+def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
     """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
@@ -197,7 +197,7 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(cfg, dtype)
     else:
-        base, tokenizer = _load_hf_base(cfg, device, dtype)
+        base, tokenizer = load_hf_base(cfg, device, dtype)
         if cfg.model.attn_implementation == "sdpa":
             base.set_attn_implementation(attention.register())  # sdpa without the per-step K/V copy
         model = _add_lora(base, cfg)

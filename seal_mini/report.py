@@ -12,12 +12,13 @@ metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
-from seal_mini.runio import atomic_write_text, read_json, read_jsonl_gz, read_metrics
+from seal_mini.runio import atomic_write_bytes, atomic_write_text, read_json, read_jsonl_gz, read_metrics, run_lock
 
 COLUMNS = [*CATEGORIES, "mean"]
 
@@ -32,18 +33,26 @@ def delta(after: float | None, before: float | None) -> str:
     return f"{100 * (after - before):+.2f}"
 
 
+REMOVE = "restore it, or delete it (the report then leaves it out)"
+"""What to do about a damaged file the report reads; the run itself never reads these back."""
+
+
+def check_run_dir(run_dir: Path) -> None:
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
+        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+
+
 def load_run(run_dir: Path) -> dict:
     """Everything the report reads from one run directory."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
-        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+    check_run_dir(run_dir)
     evals = {}
     for path in sorted((run_dir / "eval").glob("*.json")):
-        evals[path.stem] = read_json(path)
-    rounds = [read_json(p) for p in sorted((run_dir / "rounds").glob("step_*.json"))]
+        evals[path.stem] = read_json(path, fix="restore it, or delete it and rerun the evaluation that wrote it")
+    rounds = [read_json(p, fix=REMOVE) for p in sorted((run_dir / "rounds").glob("step_*.json"))]
     weights = []
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
-        weights += [r["weight"] for r in read_jsonl_gz(path)]
+        weights += [r["weight"] for r in read_jsonl_gz(path, fix=REMOVE)]
     return {
         "name": run_dir.name,
         "dir": run_dir,
@@ -175,6 +184,15 @@ def _plt():
     return plt
 
 
+def save_figure(fig, path: Path) -> None:
+    """Render to memory, then write atomically like every other file: a stopped report never leaves
+    half an image under its real name."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    _plt().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def _step_axis(ax, steps: list[int]) -> None:
     """Whole-number training steps, the full range shown."""
     from matplotlib.ticker import MaxNLocator
@@ -220,8 +238,7 @@ def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
     ax.set_title("Held-in success over training (bare benchmark)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -240,8 +257,7 @@ def plot_curves(runs: list[dict], path: Path) -> bool:
         _step_axis(ax, [r["step"] for run in runs for r in run["metrics"]])
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -263,8 +279,7 @@ def plot_labels(run: dict, path: Path) -> bool:
     ax.set_title("Failure-label profile per round")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -284,8 +299,7 @@ def plot_cues(run: dict, path: Path) -> bool:
     _step_axis(ax, [r["step"] for r in rounds])
     ax.set_title("Interface cues active per round")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -299,8 +313,7 @@ def plot_weights(run: dict, path: Path) -> bool:
     ax.set_ylabel("trajectories")
     ax.set_title("Distribution of diagnostic weights (all rounds)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
@@ -371,8 +384,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", help="run directories; the first is the main run")
     parser.add_argument("--out", help="output folder (default: FIRST_RUN/report)")
     args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else Path(args.runs[0]) / "report"
-    path = build_report([Path(r) for r in args.runs], out)
+    runs = [Path(r) for r in args.runs]
+    for run in runs:
+        if not run.is_dir():
+            raise ConfigError(f"report: {run}: no such folder")
+    out = Path(args.out) if args.out else runs[0] / "report"
+    # hold the run directory the report goes into (or the folder itself when it lies in none of them)
+    holder = next((run for run in runs if out.resolve().is_relative_to(run.resolve())), out)
+    with run_lock(holder, " ".join([parser.prog, *argv])):
+        path = build_report(runs, out)
     print(json.dumps({"report": str(path)}))
     return 0
 

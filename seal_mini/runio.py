@@ -1,39 +1,217 @@
-"""The run directory: every file a report needs, each written atomically.
+"""The run directory: every file a report needs, written durably and read back through one place.
 
     <out_dir>/<name>/
+      .lock                   who is writing into the run now (pid, host, command, start); empty when no one
       config.yaml             resolved config (what actually ran)
       split.json              train / eval task ids
       metrics.jsonl           one JSON line per training step (namespaced keys)
       rounds/step_NNNN.json   interface state, failure profile, rho and label counts of each round
       trajectories/step_NNNN.jsonl.gz   every training trajectory: messages, reward, labels, weight
       eval/<tag>.json         evaluation results (+ eval/<tag>.trajectories.jsonl.gz)
-      checkpoint/             adapter, optimizer, scheduler, RNG states, loop state (latest step)
+      checkpoint/step_NNNN/   adapter, optimizer, scheduler, RNG states, loop state (the two newest steps)
+      adapter/                the trained adapter
       report/                 report.md and its PNG plots
 
-A crash can leave a *.tmp file behind but never a half-written file under its real name.
+Writing: a file goes to a uniquely named temporary sibling, is fsynced, renamed over its target and the
+folder fsynced, so a kill or a power cut leaves the old file or the new one, never half of one; a folder
+(a checkpoint, the adapter) is written whole under a temporary name the same way. A write that fails
+(disk full, permission denied) raises FileError naming the path.
+Reading: every file the kit reads back goes through `reading`, so a missing or damaged file raises one
+FileError naming the file, what is wrong with it and what to do.
+One command at a time writes into a run directory (`run_lock`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import gzip
 import json
 import os
+import re
+import secrets
 import shutil
+import socket
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 
 
+class FileError(Exception):
+    """A file or folder stops a command: missing, damaged, held by another process or not writable.
+    The message names it, says what is wrong and what to do; the command line prints it as one line."""
+
+
+REDO = "delete it and rerun the command that wrote it"
+"""What to do about a damaged file that a command can simply write again."""
+WRITE_FIX = (
+    "free disk space or fix the folder's permissions, then rerun the same command (it continues where it stopped)"
+)
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+
+def _problem(e: Exception) -> str:
+    """What is wrong with a file, in a few words, from the error its reader raised."""
+    if isinstance(e, EOFError):
+        return "ends early (truncated)"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{e.object[e.start]:02x} at position {e.start})"
+    if isinstance(e, json.JSONDecodeError):
+        return f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem_mark is not None:
+        return f"not valid YAML (line {e.problem_mark.line + 1} column {e.problem_mark.column + 1}: {e.problem})"
+    if isinstance(e, yaml.YAMLError):
+        return f"not valid YAML ({' '.join(str(e).split())[:160]})"
+    if isinstance(e, OSError) and e.strerror:
+        return f"cannot be read ({e.strerror})"
+    first_sentence = " ".join(str(e).split()).split(". ")[0][:120]
+    return f"cannot be read ({type(e).__name__}: {first_sentence})"
+
+
+@contextlib.contextmanager
+def reading(path: Path, fix: str = REDO) -> Iterator[None]:
+    """Turn any failure to read or parse `path` inside this block into one FileError that names it.
+
+    The block holds only the read and the parse of one file, so whatever a parser raises there (json,
+    yaml, gzip, pickle, torch, safetensors each have their own errors) means the file is damaged."""
+    try:
+        yield
+    except FileNotFoundError as e:
+        raise FileError(f"{path}: missing; {fix}") from e
+    except Exception as e:
+        raise FileError(f"{path}: {_problem(e)}; {fix}") from e
+
+
+def read_text(path: Path, fix: str = REDO) -> str:
+    with reading(path, fix):
+        return Path(path).read_bytes().decode("utf-8")
+
+
+def read_json(path: Path, fix: str = REDO):
+    text = read_text(path, fix)
+    with reading(path, fix):
+        return json.loads(text)
+
+
+def read_yaml(path: Path, fix: str = REDO):
+    text = read_text(path, fix)
+    with reading(path, fix):
+        return yaml.safe_load(text)
+
+
+def read_jsonl_gz(path: Path, fix: str = REDO) -> list[dict]:
+    with reading(path, fix):
+        text = gzip.decompress(Path(path).read_bytes()).decode("utf-8")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def read_torch(path: Path, fix: str = REDO):
+    """A torch.save file of our own (optimizer, RNG states): plain Python objects and tensors."""
+    import torch
+
+    with reading(path, fix):
+        return torch.load(path, weights_only=False)
+
+
+def read_safetensors(path: Path, fix: str = REDO) -> dict:
+    from safetensors.torch import load_file
+
+    with reading(path, fix):
+        return load_file(str(path))
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl, one row per training step; a damaged line is named by its number."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for n, line in enumerate(read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            fix = "repair or delete that line (the report then lacks that step)"
+            raise FileError(f"{path}: line {n} is not valid JSON ({e.msg}); {fix}") from e
+    return rows
+
+
+# --- writing ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn an OS error while writing `path` (disk full, permission denied) into a FileError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise FileError(f"cannot write {path}: {e.strerror or e}; {WRITE_FIX}") from e
+
+
+def _temporary(path: Path) -> Path:
+    """A sibling name no other writer uses: hidden, with this process's id and a random part."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of a folder (new names, renames) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # some file systems cannot sync a folder; they have nothing to sync
+            raise
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync every file and folder under `folder` (libraries such as peft and torch write without)."""
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def make_dirs(folder: Path) -> None:
+    """mkdir -p, each new folder's name made durable in its parent (a synced file in a lost folder is lost)."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for new in reversed(missing):
+        new.mkdir(exist_ok=True)
+        fsync_dir(new.parent)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, flush to disk, then rename over the target."""
+    """Write to a uniquely named temporary sibling, fsync it, rename it over the target, fsync the folder."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with writing(path):
+        make_dirs(path.parent)
+        tmp = _temporary(path)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        fsync_dir(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -42,10 +220,6 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False, default=str) + "\n")
-
-
-def read_json(path: Path):
-    return json.loads(Path(path).read_text())
 
 
 def write_yaml(path: Path, obj) -> None:
@@ -57,51 +231,190 @@ def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0))
 
 
-def read_jsonl_gz(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def write_metrics(run_dir: Path, rows: list[dict]) -> None:
     """Rewrite metrics.jsonl whole (atomically); the loop keeps it short enough for that to be cheap."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def swap_in_dir(tmp_dir: Path, final_dir: Path) -> None:
-    """Replace `final_dir` by the fully written `tmp_dir`; the old copy survives until the new is in."""
-    old = final_dir.with_name(final_dir.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final_dir.exists():
-        os.replace(final_dir, old)
-    os.replace(tmp_dir, final_dir)
-    if old.exists():
-        shutil.rmtree(old)
+@contextlib.contextmanager
+def new_dir(final: Path) -> Iterator[Path]:
+    """A folder written whole: yields a temporary folder to fill; on success it is made durable and
+    renamed to `final` (replacing an older one), on failure removed, leaving what was there before.
+
+    A failure while writing (disk full, permission denied; torch and safetensors report those as their
+    own errors) raises FileError naming `final`."""
+    from safetensors import SafetensorError
+
+    final = Path(final)
+    tmp = _temporary(final)
+    try:
+        with writing(tmp):
+            make_dirs(tmp)
+        yield tmp
+        with writing(final):
+            fsync_tree(tmp)
+            old = None
+            if final.exists():
+                old = _temporary(final)
+                os.rename(final, old)
+            os.rename(tmp, final)
+            fsync_dir(final.parent)
+            if old is not None:
+                shutil.rmtree(old)
+    except (OSError, RuntimeError, SafetensorError) as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FileError(f"cannot write {final}: {' '.join(str(e).split())[:200]}; {WRITE_FIX}") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """checkpoint/, or checkpoint.old/ when a crash hit between the two renames of swap_in_dir."""
-    for name in ("checkpoint", "checkpoint.old"):
-        path = Path(run_dir) / name
-        if (path / "state.json").exists():
-            return path
-    return None
+TEMPORARY = re.compile(r"\..+\.\d+\.[0-9a-f]{8}\.tmp")
+"""The names `_temporary` gives."""
+
+
+def remove_temporaries(folder: Path) -> list[Path]:
+    """Delete the temporary files and folders that writers stopped mid-write left under `folder`.
+    Only safe while holding the folder's lock: then no living writer owns any of them."""
+    found = sorted(p for p in Path(folder).rglob(".*.tmp") if TEMPORARY.fullmatch(p.name))
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return found
+
+
+def move_aside(run_dir: Path) -> Path | None:
+    """Move everything in run_dir (but its lock) into a new sibling <name>.old-<time>; returns it."""
+    entries = [p for p in Path(run_dir).iterdir() if p.name != LOCK] if Path(run_dir).is_dir() else []
+    if not entries:
+        return None
+    aside = Path(run_dir).with_name(f"{Path(run_dir).name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    with writing(aside):
+        aside.mkdir()
+        for entry in entries:
+            os.rename(entry, aside / entry.name)
+        fsync_dir(aside)
+        fsync_dir(Path(run_dir))
+    return aside
+
+
+# --- one writer per run directory -------------------------------------------------------------------
+
+LOCK = ".lock"
+
+
+def _holder_text(holder: dict) -> str:
+    pid, host, command, started = (holder.get(k) for k in ("pid", "host", "command", "started"))
+    return f"pid {pid} on {host} running `{command}` since {started}"
+
+
+def _read_holder(fd: int) -> dict | None:
+    os.lseek(fd, 0, os.SEEK_SET)
+    raw = os.read(fd, 65536)
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"pid": "?", "host": "?", "command": raw[:80].decode("utf-8", "replace"), "started": "?"}
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, command: str) -> Iterator[None]:
+    """Hold run_dir for one command that writes into it.
+
+    The lock is an flock on run_dir/.lock, which the OS releases when its process ends, however it ends;
+    the file records who holds it. A second writer stops at once with a message naming the holder. A
+    record left by a process that ended without releasing (kill -9, power cut) is taken over with a
+    warning, and the temporary files that process left half-written are removed."""
+    run_dir = Path(run_dir)
+    path = run_dir / LOCK
+    with writing(path):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd) or {}
+            raise FileError(
+                f"{run_dir} is in use by {_holder_text(holder)}; wait for it to end or stop it "
+                f"(kill {holder.get('pid')}), or give this run another name (name=...)"
+            ) from None
+        except OSError as e:  # a file system without locks (some network ones): say so and carry on
+            print(
+                f"[lock] cannot lock {path} ({e.strerror}): do not start a second command on this run", file=sys.stderr
+            )
+        previous = _read_holder(fd)
+        if previous is not None:  # its writer was killed: what it left half-written is no one's now
+            print(
+                f"[lock] {run_dir}: taking over from {_holder_text(previous)}, which ended without releasing it",
+                file=sys.stderr,
+            )
+            remove_temporaries(run_dir)
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        with writing(path):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
+            os.fsync(fd)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)  # released: an empty record tells the next writer all ended well
+    finally:
+        os.close(fd)
+
+
+# --- resumable jobs ---------------------------------------------------------------------------------
 
 
 def open_partial(partial: Path, identity: dict) -> bool:
-    """The folder of a resumable job's finished pieces. Kept if it holds pieces of this very job (same
-    identity: policy, tasks, settings), emptied otherwise; returns whether pieces were kept."""
+    """The folder of a resumable job's finished pieces. Kept if its pieces were made by this very job
+    (same identity: policy, adapter, tasks, settings), emptied otherwise, saying why; returns whether
+    pieces were kept."""
     partial = Path(partial)
     marker = partial / "identity.json"
-    resuming = marker.exists() and read_json(marker) == identity
-    if not resuming:
-        shutil.rmtree(partial, ignore_errors=True)  # another job's pieces are not ours to reuse
-        write_json(marker, identity)
-    return resuming
+    identity = json.loads(json.dumps(identity, default=str))  # as it reads back from the file
+    if marker.exists():
+        saved, why = None, "their identity.json is damaged"
+        with contextlib.suppress(FileError):
+            saved = read_json(marker)
+        if saved == identity:
+            return True
+        if isinstance(saved, dict):
+            differ = sorted(k for k in {*saved, *identity} if saved.get(k) != identity.get(k))
+            why = f"what made them differs in {', '.join(differ)}"
+        print(f"[eval] redoing the pieces in {partial}: {why}", file=sys.stderr)
+    shutil.rmtree(partial, ignore_errors=True)
+    write_json(marker, identity)
+    return False
+
+
+def read_pieces(partial: Path, pattern: str = "*.jsonl.gz") -> list[dict]:
+    """Rows of a job's finished pieces, in the order they were written (names sort that way).
+
+    A damaged piece is redone, not fatal: it and the pieces written after it are removed, so what is
+    kept is always a prefix of the work and new pieces never collide with old names."""
+    rows: list[dict] = []
+    pieces = sorted(Path(partial).glob(pattern))
+    for i, piece in enumerate(pieces):
+        try:
+            rows += read_jsonl_gz(piece)
+        except FileError as e:
+            for later in pieces[i:]:
+                later.unlink()
+            print(
+                f"[eval] {str(e).split(';')[0]}: redoing it and the {len(pieces) - i - 1} pieces after it",
+                file=sys.stderr,
+            )
+            break
+    return rows

@@ -47,8 +47,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
+from seal_mini.evaluate import eval_identity
 from seal_mini.ood import loopback_only, require, suite_result
-from seal_mini.runio import open_partial, read_jsonl_gz, write_json, write_jsonl_gz
+from seal_mini.runio import open_partial, read_pieces, write_json, write_jsonl_gz
 from seal_mini.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 
 CHUNK = 16
@@ -655,19 +656,12 @@ def evaluate_tau2(
     with loopback_only():
         tasks = [(d, task) for d in domains for task in load_tasks(d, cfg.ood.max_tasks)]
         partial = out_dir / f"{tag}.partial"
-        identity = {
-            "policy": agent.name,
-            "source": source,
-            "user_simulator": user.description,
-            "max_steps": cfg.ood.tau2_max_steps,
-            "limits": [cfg.rollout.max_prompt_tokens, cfg.rollout.max_response_tokens, cfg.rollout.max_total_tokens],
-            "temperature": getattr(agent, "temperature", None),
-            "task_ids": [f"{d}/{task.id}" for d, task in tasks],
-        }
+        task_ids = [f"{d}/{task.id}" for d, task in tasks]
+        identity = eval_identity(
+            agent, cfg, source, task_ids, user_simulator=user.description, max_steps=cfg.ood.tau2_max_steps
+        )
         open_partial(partial, identity)
-        done_rows = []
-        for piece in sorted(partial.glob("*.jsonl.gz")):
-            done_rows += read_jsonl_gz(piece)
+        done_rows = read_pieces(partial)
         done = {(r["column"], r["task_id"]) for r in done_rows}
         todo = [(d, task) for d, task in tasks if (d, task.id) not in done]
         from tqdm import tqdm

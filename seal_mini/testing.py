@@ -32,7 +32,7 @@ TINY_CHAT_TEMPLATE = (
     "{{- '<|im_start|>system\\n' -}}"
     "{%- if has_system -%}{{- messages[0]['content'] -}}{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
     "{%- if tools -%}"
-    '{{- \'\\n\\n## Tools\\nTo use a tool, write <tool_call>{"name": ..., "arguments": {...}}</tool_call>. \''
+    '{{- \'\\n\\n## Tools\\nTo use a tool, write <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>. \''
     " + 'Available tools, one JSON schema a line:\\n' -}}"
     "{%- for tool in tools -%}{{- (tool['function'] if tool['function'] is defined else tool) | tojson -}}"
     "{{- '\\n' -}}{%- endfor -%}"
@@ -144,7 +144,11 @@ class Interrupting:
 
     def __init__(self, agent, after: int):
         self.agent, self.after, self.calls = agent, after, 0
-        self.name = agent.name  # the same policy, so a resumed evaluation may reuse its pieces
+
+    def __getattr__(self, name: str):
+        if name == "agent":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.agent, name)  # the same policy (name, settings), so its pieces may be reused
 
     def run(self, envs: list, progress=None) -> list[dict]:
         if self.calls == self.after:

@@ -1,4 +1,8 @@
-"""Parse and validate the tool calls in a model message. Model text is untrusted input.
+"""The kit's own parser and schema check for tool calls in a model message. Model text is untrusted input.
+
+BFCL episodes decode messages with BFCL's own handler (seal_mini.bfcl_harness); this module serves where
+the kit defines the protocol itself (tau2) and names the schema problems of BFCL calls for the diagnoser
+and the training interface (`validate_call`).
 
 The format is the Qwen/Hermes one: each call is a JSON object {"name": ..., "arguments": {...}} inside
 <tool_call></tool_call>, several per message allowed. Nothing here evaluates text: JSON is parsed with
@@ -39,23 +43,17 @@ _JSON_TYPES = {
 
 @dataclass
 class ToolCall:
-    """A parsed call that will execute.
+    """A parsed call that fits the offered tools well enough to run.
 
-    BFCL's own executor runs whatever the model names with whatever values it gives, and some
-    reference calls break the published schema (a string id where the doc says integer; a held-out
-    tool used before its reveal). So soft problems do not block execution, which keeps rewards equal
-    to the benchmark's; they are recorded in `violation` for the diagnoser."""
+    Some of BFCL's reference calls break the published schema (a string id where the doc says integer;
+    a held-out tool used before its reveal), so soft problems do not block a call; they are recorded in
+    `violation`."""
 
     name: str
     arguments: dict
     violation: str = ""
     """Empty, or wrong_type | not_in_enum | not_offered."""
     message: str = ""
-
-    def canonical(self) -> str:
-        """The form BFCL's checker takes: name(key=value, ...), values as Python literals."""
-        args = ", ".join(f"{k}={v!r}" for k, v in self.arguments.items())
-        return f"{self.name}({args})"
 
 
 @dataclass

@@ -32,7 +32,15 @@ from pathlib import Path
 import torch
 
 from seal_mini.bfcl import Task, load_split, pick
-from seal_mini.config import Config, ConfigError, TrainConfig, config_from_dict, load_config
+from seal_mini.config import (
+    MATH_FREE,
+    Config,
+    ConfigError,
+    TrainConfig,
+    changed_settings,
+    config_from_dict,
+    load_config,
+)
 from seal_mini.device import MemoryLimits, release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.env import Episode
@@ -44,15 +52,21 @@ from seal_mini.policy import load_policy, save_adapter
 from seal_mini.report import active_cues
 from seal_mini.rollout import Trajectory, run_rollouts
 from seal_mini.runio import (
-    latest_checkpoint,
+    FileError,
+    move_aside,
+    new_dir,
     read_json,
     read_metrics,
-    swap_in_dir,
+    read_safetensors,
+    read_torch,
+    read_yaml,
+    run_lock,
     write_json,
     write_jsonl_gz,
     write_metrics,
     write_yaml,
 )
+from seal_mini.tracking import Tracker, check_backends
 from seal_mini.verifier import check_episode
 
 
@@ -212,56 +226,161 @@ def shrink_update(limits: MemoryLimits, tc: TrainConfig) -> None:
 
 # --- checkpoints ------------------------------------------------------------------------------------
 
+CHECKPOINT_PARTS = (
+    "adapter/adapter_model.safetensors",
+    "adapter/adapter_config.json",
+    "optim.pt",
+    "rng.pt",
+    "state.json",
+)
+KEEP_CHECKPOINTS = 2
+"""The newest checkpoint, and the one before it as a spare until the next one is on disk."""
+
 
 def rng_states() -> dict:
     return {"python": random.getstate(), "torch": torch.get_rng_state()}
 
 
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The saved checkpoints, checkpoint/step_NNNN, newest first (a half-written one has a temporary name)."""
+    folder = Path(run_dir) / "checkpoint"
+    found = [p for p in folder.glob("step_*") if p.is_dir() and p.name[5:].isdigit()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
+
+
 def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopState) -> None:
-    """Adapter, optimizer, scheduler, RNG states and loop state, swapped in as one directory."""
-    tmp = run_dir / "checkpoint.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_adapter(policy, tmp / "adapter")
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-    torch.save(rng_states(), tmp / "rng.pt")
-    write_json(
-        tmp / "state.json",
-        {
-            "step": state.step,
-            "interface": state.interface.to_dict() if state.interface else None,
-            "rho": state.rho,
-            "profile": state.profile,
-        },
-    )
-    swap_in_dir(tmp, run_dir / "checkpoint")
+    """Adapter, optimizer, scheduler, RNG states and loop state as checkpoint/step_NNNN: written whole
+    under a temporary name and made durable before it gets its name; only then does the oldest go."""
+    with new_dir(run_dir / "checkpoint" / f"step_{state.step:04d}") as tmp:
+        save_adapter(policy, tmp / "adapter")
+        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+        torch.save(rng_states(), tmp / "rng.pt")
+        write_json(
+            tmp / "state.json",
+            {
+                "step": state.step,
+                "interface": state.interface.to_dict() if state.interface else None,
+                "rho": state.rho,
+                "profile": state.profile,
+            },
+        )
+    for old in checkpoints(run_dir)[KEEP_CHECKPOINTS:]:
+        shutil.rmtree(old)
 
 
-def load_checkpoint(path: Path, policy, optimizer, scheduler) -> LoopState:
+def checkpoint_fix(found: list[Path]) -> str:
+    """What to do when the newest checkpoint cannot be loaded."""
+    if len(found) > 1:
+        newest, previous = found[0].name, found[1].name
+        return f"restore the file, or rename {newest} (e.g. to {newest}.broken) to continue from {previous}"
+    return "restore the file, or start the run again with --restart (moves its results aside)"
+
+
+def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restore the file") -> LoopState:
     from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
 
-    weights = load_file(str(path / "adapter" / "adapter_model.safetensors"))
+    weights = read_safetensors(path / "adapter" / "adapter_model.safetensors", fix)
     set_peft_model_state_dict(policy.model, weights)
-    optim = torch.load(path / "optim.pt", weights_only=False)
+    optim = read_torch(path / "optim.pt", fix)
     optimizer.load_state_dict(optim["optimizer"])
     scheduler.load_state_dict(optim["scheduler"])
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng = read_torch(path / "rng.pt", fix)
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"])
-    saved = read_json(path / "state.json")
+    saved = read_json(path / "state.json", fix)
     interface = InterfaceState.from_dict(saved["interface"]) if saved["interface"] else None
     return LoopState(step=saved["step"], interface=interface, rho=saved["rho"], profile=saved["profile"])
+
+
+# --- starting or continuing a run -------------------------------------------------------------------
+
+LEFTOVERS = ("metrics.jsonl", "rounds", "trajectories", "eval", "adapter", "report", "checkpoint")
+"""What a training attempt writes into its run directory besides config.yaml and split.json."""
+
+
+def saved_config(run_dir: Path) -> Config:
+    """The config a run directory was made with (its config.yaml)."""
+    path = Path(run_dir) / "config.yaml"
+    fix = "restore it (the config the run was made with), or start the run again with --restart"
+    data = read_yaml(path, fix)
+    if not isinstance(data, dict):
+        raise FileError(f"{path}: not a mapping of settings; {fix}")
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
+
+
+def results_past_first_checkpoint(run_dir: Path, cfg: Config) -> list[str]:
+    """What in run_dir only a run that got to its first checkpoint writes. An attempt stopped before it
+    leaves outputs of its first steps alone; those are run again anyway, so they may be cleared."""
+    tc = (saved_config(run_dir) if (run_dir / "config.yaml").exists() else cfg).train
+    first = min(tc.save_every, tc.steps)  # LoopState.step of the first checkpoint: steps 0..first-1 precede it
+
+    def step(path: Path) -> int:  # step_NNNN[.json|.jsonl.gz|.partial|...]
+        return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else 1 << 30
+
+    past = ["metrics.jsonl"] if any(r.get("step", first) >= first for r in read_metrics(run_dir)) else []
+    for folder in ("rounds", "trajectories", "eval"):
+        # held-in evaluations during training are tagged with the LoopState.step they follow, hence the +1
+        last = first + (folder == "eval") - 1
+        if any(step(p) > last for p in (run_dir / folder).glob("*") if not p.name.startswith(".")):
+            past.append(f"{folder}/")
+    return past + [f"{name}/" for name in ("adapter", "report") if (run_dir / name).exists()]
+
+
+def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
+    """The checkpoint a run continues from, or None to start at step 0. Refuses whatever would lose or
+    mix work: a fresh start over a run, results without a checkpoint to continue them, other settings."""
+    run_dir = cfg.run_dir
+    if restart and (aside := move_aside(run_dir)) is not None:
+        print(f"[train] --restart: what {run_dir} held is now in {aside}")
+    found = checkpoints(run_dir)
+    if found:
+        missing = [part for part in CHECKPOINT_PARTS if not (found[0] / part).is_file()]
+        if missing:
+            raise FileError(f"{found[0]}: incomplete ({', '.join(missing)} missing); {checkpoint_fix(found)}")
+        if not resume:
+            raise ConfigError(
+                f"{run_dir} already holds a training run; continue it with `train --resume {run_dir}`, start it "
+                "over with --restart (the old run is moved aside), or pick another name (name=...)"
+            )
+        free, other = changed_settings(saved_config(run_dir), cfg)
+        if other:
+            raise ConfigError(
+                f"{run_dir} was made with other settings ({', '.join(other)}); a run that continues may change "
+                f"only {', '.join(MATH_FREE)}. Use the run's own settings, or give this run another name (name=...)"
+            )
+        for key, (old, new) in free.items():
+            print(f"[train] {key}: {old} -> {new} ({MATH_FREE[key]})")
+        return found[0]
+    past = results_past_first_checkpoint(run_dir, cfg)
+    if past:
+        raise FileError(
+            f"{run_dir} holds results ({', '.join(past)}) but no checkpoint to continue them from "
+            f"({run_dir / 'checkpoint'} is missing or empty); restore it, or start again with --restart "
+            "(moves these results aside, deletes nothing)"
+        )
+    for leftover in LEFTOVERS:  # an attempt stopped before its first checkpoint: its steps are run again
+        path = run_dir / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    return None
 
 
 # --- logging helpers --------------------------------------------------------------------------------
 
 
-def trajectory_rows(trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
+def trajectory_rows(step: int, group_size: int, trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
+    """One row per trajectory of a round (the schema of trajectories/*.jsonl.gz; see seal_mini.runs)."""
     return [
         {
             "task_id": t.task_id,
+            "category": t.env.task.category,
+            "step": step,
+            "sample": i % group_size,
             "reward": v.reward,
             "error_type": v.error_type,
             "labels": [d.label for d in z],
@@ -273,7 +392,7 @@ def trajectory_rows(trajs, verdicts, diagnoses, weights, advantages) -> list[dic
             "n_tokens": len(t.input_ids),
             "messages": t.messages,
         }
-        for t, v, z, w, a in zip(trajs, verdicts, diagnoses, weights, advantages, strict=True)
+        for i, (t, v, z, w, a) in enumerate(zip(trajs, verdicts, diagnoses, weights, advantages, strict=True))
     ]
 
 
@@ -304,26 +423,16 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: 
 # --- the loop ---------------------------------------------------------------------------------------
 
 
-def train(cfg: Config, resume: bool = False):
-    """Run (or continue) SEAL training; returns (run directory, trained policy)."""
+def train(cfg: Config, resume: bool = False, restart: bool = False):
+    """Run (or continue) SEAL training; returns (run directory, trained policy).
+
+    resume: continue from the newest checkpoint (from step 0 while the run has none yet).
+    restart: first move whatever the run directory holds aside, then start at step 0."""
     run_dir = cfg.run_dir
-    checkpoint = latest_checkpoint(run_dir) if resume else None
-    if not resume and latest_checkpoint(run_dir) is not None:
-        raise ConfigError(
-            f"{run_dir} already holds a training run; continue it with `train --resume {run_dir}` "
-            "or pick another name (name=...)"
-        )
-    if checkpoint is None:  # a fresh start: files of an attempt stopped before its first checkpoint go
-        for leftover in ("metrics.jsonl", "rounds", "trajectories", "eval", "adapter", "report"):
-            path = run_dir / leftover
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+    check_backends(cfg)  # a missing logging extra is an error now, not after the first step
+    checkpoint = open_run(cfg, resume, restart)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_yaml(run_dir / "config.yaml", cfg.to_dict())
     split = load_split(cfg)
-    write_json(run_dir / "split.json", split)
     train_tasks = pick(split["train"], cfg.data.max_train_tasks)
     G = cfg.rollout.group_size
 
@@ -340,11 +449,21 @@ def train(cfg: Config, resume: bool = False):
     state.rho = dict(cfg.diagnosis.rho)
     metrics_rows = []
     if checkpoint is not None:
-        state = load_checkpoint(checkpoint, policy, optimizer, scheduler)
+        state = load_checkpoint(checkpoint, policy, optimizer, scheduler, checkpoint_fix(checkpoints(run_dir)))
         # steps after the checkpoint are run again, so their old metric lines go
         metrics_rows = [r for r in read_metrics(run_dir) if r["step"] < state.step]
-        print(f"[train] resuming {run_dir} at step {state.step}")
+        lost = sorted(set(range(state.step)) - {r["step"] for r in metrics_rows})
+        if lost:
+            print(
+                f"[train] warning: metrics.jsonl has no row for steps {lost}; the report will lack them",
+                file=sys.stderr,
+            )
+        print(f"[train] {run_dir} has a checkpoint of step {state.step}: continuing that run")
+    # written once the checkpoint has loaded, so a resume that fails changes nothing in the run
+    write_yaml(run_dir / "config.yaml", cfg.to_dict())
+    write_json(run_dir / "split.json", split)
 
+    tracker = Tracker(cfg, run_dir, history=metrics_rows)
     from tqdm import tqdm
 
     for step in tqdm(range(state.step, cfg.train.steps), desc="train", initial=state.step, total=cfg.train.steps):
@@ -418,7 +537,7 @@ def train(cfg: Config, resume: bool = False):
             "time/rollout_s": round(t_rollout, 2),
             "time/update_s": round(t_update, 2),
         }
-        rows = trajectory_rows(trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
+        rows = trajectory_rows(step, G, trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
         write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
         write_json(
             run_dir / "rounds" / f"step_{step:04d}.json",
@@ -432,6 +551,7 @@ def train(cfg: Config, resume: bool = False):
             row.update(evaluate_during_training(policy, cfg, split["eval"], run_dir, f"step_{state.step:04d}"))
         metrics_rows.append(row)
         write_metrics(run_dir, metrics_rows)
+        tracker.log(row, rows)  # the live views (TensorBoard, W&B) the recipe asks for
         if state.step % cfg.train.save_every == 0 or state.step == cfg.train.steps:
             save_checkpoint(run_dir, policy, optimizer, scheduler, state)
         tqdm.write(
@@ -439,11 +559,9 @@ def train(cfg: Config, resume: bool = False):
             f"loss {row.get('losses/loss', float('nan')):.4f} kl {row.get('losses/kl_ref', 0.0):.4f} "
             f"weights {row['weights/mean']:.2f} ({t_rollout:.0f}s rollout, {t_update:.0f}s update)"
         )
-    tmp = run_dir / "adapter.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_adapter(policy, tmp)
-    swap_in_dir(tmp, run_dir / "adapter")
+    tracker.close()
+    with new_dir(run_dir / "adapter") as tmp:
+        save_adapter(policy, tmp)
     return run_dir, policy
 
 
@@ -454,27 +572,45 @@ def _entropy_estimate(trajs: list[Trajectory]) -> float:
     return total / max(count, 1)
 
 
+def resume_config(run_dir: Path, recipe: str | None, overrides: list[str]) -> Config:
+    """The config `train --resume RUN_DIR [RECIPE] [k=v ...]` continues with: the run's saved config (or
+    the recipe) plus overrides, living where run_dir is now; train() refuses any change to the math."""
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"--resume {run_dir}: no config.yaml there; is it a run directory?")
+    if any(text.split("=", 1)[0].strip() in ("name", "out_dir") for text in overrides):
+        raise ConfigError(f"--resume {run_dir} names the run already; drop the name= / out_dir= overrides")
+    cfg = load_config(recipe, overrides) if recipe else config_from_dict(saved_config(run_dir).to_dict(), overrides)
+    cfg.out_dir, cfg.name = str(run_dir.parent), run_dir.name  # the folder may have moved
+    return cfg
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini train", description="SEAL training")
-    parser.add_argument("recipe", nargs="?", help="recipes/X.yaml (omit with --resume)")
+    parser.add_argument("recipe", nargs="?", help="recipes/X.yaml (optional with --resume)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR (settings in MATH_FREE may change)"
+    )
+    parser.add_argument(
+        "--restart", action="store_true", help="move what the run directory holds aside, start at step 0"
+    )
     args = parser.parse_args(argv)
+    if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
+        args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     if args.resume:
-        saved = Path(args.resume) / "config.yaml"
-        if not saved.exists():
-            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a run directory?")
-        import yaml
-
-        cfg = config_from_dict(yaml.safe_load(saved.read_text()))
-        cfg.out_dir, cfg.name = str(Path(args.resume).parent), Path(args.resume).name  # the folder may have moved
-        if args.recipe or args.overrides:
-            print("[train] --resume uses the run's saved config; recipe and overrides are ignored", file=sys.stderr)
-        train(cfg, resume=True)
+        if args.restart:
+            raise ConfigError("--resume continues a run and --restart starts it over; give one of them")
+        run_dir = Path(args.resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"--resume {run_dir}: no such folder")
+    elif not args.recipe:
+        raise ConfigError("train needs a recipe (e.g. recipes/cpu_smoke.yaml) or --resume RUN_DIR")
     else:
-        if not args.recipe:
-            raise ConfigError("train needs a recipe (e.g. recipes/cpu_smoke.yaml) or --resume RUN_DIR")
         cfg = load_config(args.recipe, args.overrides)
-        run_dir, _ = train(cfg)
-        print(json.dumps({"run_dir": str(run_dir)}))
+        run_dir = cfg.run_dir
+    with run_lock(run_dir, " ".join([parser.prog, *argv])):
+        if args.resume:  # read the run's config only once no other command can be writing it
+            cfg = resume_config(run_dir, args.recipe, args.overrides)
+        run_dir, _ = train(cfg, resume=bool(args.resume), restart=args.restart)
+    print(json.dumps({"run_dir": str(run_dir)}))
     return 0

@@ -15,9 +15,8 @@ from seal_mini.diagnose import (
     RULES,
     diagnose,
     diagnose_turns,
+    differences,
     failure_profile,
-    new_differences,
-    same_change,
     trajectory_profile,
 )
 from seal_mini.env import Episode
@@ -69,8 +68,10 @@ def test_clean_ground_truth_of_all_800_tasks_is_pass_or_abstention():
 @pytest.mark.parametrize(
     "turn1, expected",
     [
-        (['<tool_call>{"name": "cd", "arguments": {"folder": "temp"}</tool_call>', DONE_TEXT], "invalid_tool_call"),
-        (["\n".join([*TURN1, call("post_to_slack", text="done")]), DONE_TEXT], "invalid_tool_call"),
+        (['<tool_call>\n{"name": "cd", "arguments": {"folder": "temp"}\n</tool_call>', DONE_TEXT], "invalid_tool_call"),
+        # BFCL reads calls only with the tags on lines of their own: this turn made no call it can read
+        (['<tool_call>{"name": "cd", "arguments": {"folder": "temp"}}</tool_call>'], "invalid_tool_call"),
+        (["\n".join([TURN1[0], call("post_to_slack", text="done")]), DONE_TEXT], "invalid_tool_call"),
         (["\n".join([TURN1[0], call("grep", file_name="final_report.pdf")]), DONE_TEXT], "argument_mismatch"),
         (
             ["\n".join([TURN1[0], call("grep", file_name="final_report.pdf", pattern=7)]), DONE_TEXT],
@@ -86,8 +87,16 @@ def test_clean_ground_truth_of_all_800_tasks_is_pass_or_abstention():
         ),
         (["I did it."], "missing_tool_call"),
         ([TURN1[0], DONE_TEXT], "response_mismatch"),
-        # An error repaired by a later successful call of the same tool is no failure.
+        # Errors on a turn that still ends where the reference does were repaired: pass, whatever the kind.
         ([TURN1[0], call("grep", file_name="nope.pdf", pattern="budget analysis"), TURN1[1], DONE_TEXT], "pass"),
+        # (a message with only an unreadable block ends the turn in BFCL; next to a readable call it does not)
+        ([TURN1[0] + '\n<tool_call>\n{"name": "grep", "arguments": {\n</tool_call>', TURN1[1], DONE_TEXT], "pass"),
+        (
+            [TURN1[0], '<tool_call>\n{"name": "grep", "arguments": {\n</tool_call>', TURN1[1], DONE_TEXT],
+            "invalid_tool_call",
+        ),
+        (["\n".join([*TURN1, call("post_to_slack", text="done")]), DONE_TEXT], "pass"),
+        ([TURN1[0], call("grep", file_name="final_report.pdf"), TURN1[1], DONE_TEXT], "pass"),
         (["\n".join(TURN1), DONE_TEXT], "pass"),
     ],
 )
@@ -146,8 +155,8 @@ def test_priority_order_is_the_papers():
 @pytest.mark.parametrize(
     "messages, expected",
     [
-        # malformed + missing argument: invalid wins
-        (["\n".join(["<tool_call>{oops</tool_call>", call("mkdir"), *TURN0]), DONE_TEXT], "invalid_tool_call"),
+        # malformed + missing argument + a wrong state: invalid wins
+        (["\n".join(["<tool_call>\n{oops\n</tool_call>", call("mkdir"), *TURN0[:2]]), DONE_TEXT], "invalid_tool_call"),
         # missing argument + a wrong state: argument wins
         (
             ["\n".join([call("mkdir"), TURN0[0], call("mkdir", dir_name="tmp"), TURN0[2]]), DONE_TEXT],
@@ -164,22 +173,33 @@ def test_priority_when_several_signals_hit_one_turn(messages, expected):
     assert diagnose(run("multi_turn_base_0", {0: messages}))[0] == expected
 
 
-def test_later_turns_are_blamed_only_for_their_own_changes():
-    # An extra file at turn 0 puts the file system off the reference for good; later turns work on
-    # the same file system but never touch that file, so they are not blamed for it.
+def test_later_turns_are_judged_against_the_state_the_model_had():
+    # An extra file at turn 0 puts the file system off the reference for good; later turns do the
+    # right thing on the state they were given, so they pass.
     extra = call("touch", file_name="extra.txt")
     episode = run("multi_turn_base_0", {0: ["\n".join([*TURN0, extra]), DONE_TEXT]})
     assert diagnose(episode) == ["state_mismatch", "pass", "pass", "pass"]
     assert "extra.txt" in diagnose_turns(episode)[0].reason
+    # Turn 0 never makes the temp folder: the reference calls of turn 1 (cd temp, grep) fail on the
+    # model's state exactly as the model's do, which is no new recovery failure; turn 2 then passes too.
+    episode = run("multi_turn_base_0", {0: [TURN0[0], DONE_TEXT]})
+    labels = diagnose(episode)
+    assert labels[0] == "state_mismatch" and labels[1:3] == ["pass", "pass"], diagnose_turns(episode)
+    # A private divergence (no cd at turn 0: the working directory differs, public state does not yet)
+    # is the failure of turn 0; turn 1 is judged from the directory the model is in.
+    episode = run("multi_turn_base_0", {0: ["\n".join(TURN0[1:]), DONE_TEXT]})
+    assert diagnose(episode)[0] != "pass"
 
 
 def test_truncated_and_cut_turns_never_pass():
     # Truncated in turn 1 after its calls, before the final answer.
     episode = run("multi_turn_base_0", {1: ["\n".join(TURN1)]}, cut_turn=1)
     assert diagnose(episode) == ["pass", "not_reached", "not_reached", "not_reached"]
-    # Truncated before turn 1 said anything.
+    # Truncated before turn 1 said anything: its first message was cut by the token budget.
     episode = run("multi_turn_base_0", {1: []}, cut_turn=1)
     assert diagnose(episode) == ["pass", "not_reached", "not_reached", "not_reached"]
+    reasons = [d.reason for d in diagnose_turns(episode)]
+    assert "cut by the token budget" in reasons[1] and "ended before it" in reasons[2]
     # Cut after an unrepaired error: the error is still evidence.
     failing = call("grep", file_name="nope.pdf", pattern="x")
     episode = run("multi_turn_base_0", {1: [failing]}, cut_turn=1)
@@ -219,19 +239,12 @@ def test_a_failed_verdict_with_no_failing_turn_takes_the_checkers_label():
     ] == ("missing_tool_call")
 
 
-def test_same_change_by_hand():
-    assert same_change(5, 7, 3, 5)  # both counters moved by +2
-    assert not same_change(5, 7, 3, 6)
-    assert same_change(4, 4, 9, 9)  # an inherited difference nobody touched
-    assert same_change([1], [1, 2], [], [2])  # the same item appended
-    assert not same_change([1], [1, 2], [], [3])
-    assert same_change({1}, {1, 2}, set(), {2})
-    assert not same_change("a", "b", "c", "d")
-    before_m, before_g = {"n": 1, "log": ["x"]}, {"n": 0, "log": []}
-    after_m, after_g = {"n": 2, "log": ["x", "y"]}, {"n": 1, "log": ["y"]}
-    assert new_differences(before_m, after_m, before_g, after_g) == []
-    after_m["n"] = 3
-    assert new_differences(before_m, after_m, before_g, after_g) == [("n",)]
+def test_differences_by_hand():
+    model = {"n": 2, "log": ["x", "y"], "files": {"a": 1, "b": 2}}
+    ref = {"n": 2, "log": ["x", "z"], "files": {"a": 1, "c": 3}}
+    assert differences(model, model) == []
+    assert differences(model, ref) == [("log", 1), ("files", "b"), ("files", "c")]
+    assert differences([1], [1, 2]) == [()]  # lists of other lengths differ as a whole
 
 
 def test_trajectory_profile_by_hand():

@@ -5,10 +5,11 @@ import subprocess
 import pytest
 
 from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
+from seal_mini.bfcl_harness import REFUSED_CALL
 from seal_mini.env import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
-from seal_mini.oracle import ground_truth_turns, replay
+from seal_mini.oracle import ground_truth_turns, replay, scripted_messages
 from seal_mini.toolcalls import MAX_CALL_CHARS, format_call
-from seal_mini.verifier import check
+from seal_mini.verifier import check, check_episode
 
 TASKS = tasks_by_id()
 
@@ -50,7 +51,8 @@ def test_miss_func_reveals_held_out_tools_by_message():
         ep.step("ok")
     r = ep.step("ok")
     (message,) = r.observation
-    assert message["role"] == "user" and message["content"].startswith(NEW_TOOLS_USER_TEXT)
+    # BFCL's prompting path: the new tools' docs first, then its sentence
+    assert message["role"] == "user" and message["content"].endswith("\n" + NEW_TOOLS_USER_TEXT)
     assert f'"name": "{hidden}"' in message["content"] and hidden in ep.offered
 
 
@@ -72,6 +74,94 @@ def test_turn_limit_is_bfcl_force_quit():
     r = ep.step(call("pwd"))
     assert r.done and ep.ended_by == TURN_LIMIT
     assert check(task, ep.checker_input(), forced_quit=True).reward == 0.0
+    assert check_episode(ep).error_type == "multi_turn:force_terminated"
+
+
+def test_force_quit_in_the_last_turn_is_scored_as_usual():
+    # eval_runner fails an entry as force_terminated only when it has fewer turns than the ground truth
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    gt = ground_truth_turns(task)
+    for turn in gt[:-1]:
+        for text in scripted_messages(turn):
+            ep.step(text)
+    ep.step(scripted_messages(gt[-1])[0])
+    for i in range(20):  # 21 tool-calling messages in the last turn: BFCL's force quit
+        r = ep.step(call("no_such_tool", attempt=i))
+    assert r.done and ep.ended_by == TURN_LIMIT
+    assert check_episode(ep).reward == 1.0
+
+
+def test_every_decoded_call_runs_and_is_scored_as_bfcl_runs_it():
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step(
+        "\n".join(
+            [
+                call("cd", folder="document"),
+                call("no_such_tool", x=1),  # BFCL's eval: the name is not defined
+                call("mkdir"),  # missing argument: Python's TypeError, as in BFCL
+                call("cd", folder="document", path="/etc"),  # unknown argument: the same
+                call("print", text="hi"),  # a Python builtin: BFCL would call it; the kit refuses
+            ]
+        )
+    )
+    kinds = [(e.error_kind, e.violation) for e in r.events]
+    assert kinds == [
+        (None, ""),
+        ("unknown_tool", "unknown_tool"),
+        ("arguments", "missing_required"),
+        ("arguments", "unknown_argument"),
+        ("unknown_tool", "unknown_tool"),
+    ]
+    assert r.observation[1]["content"] == "Error during execution: name 'no_such_tool' is not defined"
+    assert "missing 1 required positional argument: 'dir_name'" in r.observation[2]["content"]
+    assert "not a tool of this task" in r.observation[4]["content"]
+    assert ep.checker_input()[0] == [
+        ["cd(folder='document')", "no_such_tool(x=1)", "mkdir()", "cd(folder='document',path='/etc')", REFUSED_CALL]
+    ]
+    check(task, ep.checker_input())  # everything recorded is safe for the checker's eval
+
+
+def test_a_message_bfcl_cannot_decode_ends_the_turn():
+    task = TASKS["multi_turn_base_0"]
+    one_line = '<tool_call>{"name": "cd", "arguments": {"folder": "document"}}</tool_call>'
+    for text in [one_line, '<tool_call>\n{"name": "cd"}\n</tool_call>', '<tool_call>\n["cd"]\n</tool_call>']:
+        ep = Episode(task)
+        ep.reset()
+        r = ep.step(text)
+        assert r.turn_done and r.observation == task.turns[1] and ep.checker_input()[0] == []
+        assert [e.error_kind for e in ep.turns[0].events] == ["parse"] and ep.turns[0].final_text == text
+    # an unreadable block next to a readable one: BFCL runs the readable one and drops the other silently
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step(one_line + "\n" + call("pwd"))
+    assert not r.turn_done and len(r.observation) == 1 and ep.checker_input()[0] == [["pwd()"]]
+    # a <think> block is not part of the message BFCL decodes
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step("<think>\n" + call("pwd") + "\n</think>\n\nAll done.")
+    assert r.turn_done and ep.turns[0].final_text == "All done." and ep.checker_input()[0] == []
+
+
+def test_a_call_on_a_turn_that_needs_none_is_not_failed():
+    # BFCL's eval_runner never runs its irrelevance checker on multi-turn entries
+    task = TASKS["multi_turn_miss_param_0"]
+    gt = ground_truth_turns(task)
+    (empty,) = [k for k, calls in enumerate(gt) if not calls]
+    episode, _ = replay(task, [calls if k != empty else [("pwd", {})] for k, calls in enumerate(gt)])
+    assert check_episode(episode).reward == 1.0
+
+
+def test_the_verifier_refuses_input_the_checker_must_not_eval():
+    task = TASKS["multi_turn_base_0"]
+    for unsafe in ["print(1)", "__import__('os').getcwd()", "cd(folder=__import__('os').sep)", "cd('document')"]:
+        with pytest.raises(ValueError, match="must not eval"):
+            check(task, [[[unsafe]]] + [[] for _ in task.turns[1:]])
+    # errors raised before anything runs are safe, as in BFCL
+    check(task, [[["cd(folder=inf)", "undefined_tool()", "cd(folder='a'"]]] + [[] for _ in task.turns[1:]])
 
 
 def test_episode_limit_and_truncate():
@@ -156,6 +246,22 @@ HOSTILE = [
     ("path traversal value", call("cd", folder="../../../../../etc")),
     ("non-utf8 bytes", b'<tool_call>{"name": "cd", "arguments": {"folder": "\xff\xfe"}}</tool_call>'),
     ("quote injection value", call("echo", content="'); __import__('os').system('touch PWNED'); ('", file_name="x")),
+    # against BFCL's executor, which eval()s "name(key=repr(value),...)" strings built from the JSON:
+    ("code in an argument key", call("cd", **{"folder=__import__('os').system('touch PWNED'), x": 1})),
+    ("code in a key that breaks the call", call("cd", **{"x) or __import__('os').system('touch PWNED') or (y": 1})),
+    ("code as the name", call("__import__('os').system", command="touch PWNED")),
+    (
+        "executor's own eval as a tool",
+        call("execute_multi_turn_func_call", func_call_list=["exit()"], initial_config={}),
+    ),
+    (
+        "instance global name",
+        call("seal_mini_multi_turn_base_0_GorillaFileSystem_instance._load_scenario", scenario={}),
+    ),
+    ("attribute of a tool", call("cd.__self__._load_scenario", scenario={})),
+    ("builtin that writes a file", call("open", file="PWNED", mode="w")),
+    ("name BFCL blocks", call("exit", code=1)),
+    ("method name inside a string", call("echo", content="ls() then rm(file_name='x')", file_name="x")),
 ]
 
 
@@ -175,29 +281,50 @@ def no_escape(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("label, text", HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_call_is_contained(label, text, no_escape):
-    assert len(HOSTILE) >= 30
+    assert len(HOSTILE) >= 40
     task = TASKS["multi_turn_base_0"]
     ep = Episode(task)
     ep.reset()
     offered = set(ep.offered)
     executed = []
-    for name, method in list(ep.methods.items()):
-        ep.methods[name] = lambda *a, _n=name, _m=method, **k: (executed.append(_n), _m(*a, **k))[1]
+    for instance in ep.scope.values():  # record every back-end method that runs
+        for name in list(ep.methods):
+            if hasattr(instance, name):
+                method = getattr(instance, name)
+                setattr(instance, name, lambda *a, _n=name, _m=method, **k: (executed.append(_n), _m(*a, **k))[1])
     before = state_of(ep.instances)
 
     r = ep.step(text)
 
     assert set(executed) <= offered  # only offered public tool methods ever run
-    assert r.observation, "every input gets an observation"
+    assert r.observation, "every input gets an observation (a result, or the next user turn)"
     for event in r.events:
-        if event.call is None:  # rejected: nothing ran, and the model is told why
-            assert event.error_kind in ("parse", "unknown_tool", "arguments") and event.error
-    rejected = [e for e in r.events if e.call is None]
-    if rejected and len(rejected) == len(r.events):
+        if event.call is None:  # a block BFCL's decoder could not read: nothing ran
+            assert event.error_kind == "parse" and event.error
+        else:  # decoded: it has BFCL's execution result, and a refused call reaches the checker as a stand-in
+            assert event.output is not None
+            assert event.call == REFUSED_CALL or event.name in offered or event.error_kind is not None
+    if not executed:
         assert state_of(ep.instances) == before
-        assert all(m["content"].startswith("Error: ") for m in r.observation)
-    # whatever was recorded goes through the official checker (which eval()s canonical strings) safely
+    # whatever was recorded goes through the official checker (which eval()s the strings) safely
     check(task, ep.checker_input())
+
+
+def test_calls_that_could_hang_the_process_are_refused(no_escape):
+    task = next(t for t in TASKS.values() if "MathAPI" in t.involved_classes)
+    ep = Episode(task)
+    ep.reset()
+    r = ep.step(
+        "\n".join(
+            [
+                call("power", base=10, exponent=10**15),  # a quadrillion-digit integer
+                call("logarithm", value=10, base=2, precision=10**9),
+                call("power", base=2, exponent=10),  # small ones run as usual
+            ]
+        )
+    )
+    assert [e.call for e in r.events][:2] == [REFUSED_CALL, REFUSED_CALL]
+    assert json.loads(r.observation[2]["content"]) == {"result": 1024}
 
 
 def test_missing_tags_is_a_plain_answer_ending_the_turn():

@@ -93,3 +93,69 @@ def test_the_progress_bar_moves_as_each_episode_finishes(tmp_path, monkeypatch):
     (bar,) = created
     assert bar.n == 4 and len(bar.done_at_update) == 4  # one update per episode, all in one piece of work
     assert bar.done_at_update[0] < 4  # the first came while other episodes were still running
+
+
+# every prompt is over its limit: a model episode ends at once, so the pieces cost nothing
+FAST_OVERRIDES = [
+    "model.name=tiny-random",
+    "device=cpu",
+    "rollout.max_prompt_tokens=64",
+    "rollout.max_total_tokens=128",
+]
+FAST = load_config(overrides=FAST_OVERRIDES)
+
+
+def stop_after_one_piece(agent, cfg, out_dir, tag="x"):
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(Interrupting(agent, after=1), TASKS, cfg, out_dir, tag, progress=False, chunk_size=3)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "rollout.max_new_tokens=9",
+        "rollout.max_total_tokens=256",
+        "eval.temperature=0.7",
+        "rollout.max_response_tokens=300",
+    ],
+)
+def test_an_evaluation_with_other_settings_redoes_the_pieces_and_says_so(tmp_path, capsys, change):
+    policy = load_policy(FAST)
+    stop_after_one_piece(ModelAgent(policy, FAST, adapter=False), FAST, tmp_path)
+    changed = load_config(overrides=[*FAST_OVERRIDES, change])
+    again = Interrupting(ModelAgent(policy, changed, adapter=False), after=99)
+    evaluate(again, TASKS, changed, tmp_path, "x", progress=False, chunk_size=3)
+    assert again.calls == 3  # all three pieces of 8 tasks, none reused
+    section = {"rollout.max_new_tokens": "generation", "eval.temperature": "generation"}.get(
+        change.split("=")[0], "limits"
+    )
+    assert (
+        f"redoing the pieces in {tmp_path / 'x.partial'}: what made them differs in {section}"
+        in capsys.readouterr().err
+    )
+
+
+def test_an_evaluation_of_a_differently_trained_adapter_redoes_the_pieces(tmp_path, capsys):
+    import torch
+
+    policy = load_policy(FAST)
+    stop_after_one_piece(ModelAgent(policy, FAST, adapter=True), FAST, tmp_path)
+    with torch.no_grad():
+        next(p for n, p in policy.model.named_parameters() if "lora_B" in n).add_(0.01)  # another training
+    again = Interrupting(ModelAgent(policy, FAST, adapter=True), after=99)
+    evaluate(again, TASKS, FAST, tmp_path, "x", progress=False, chunk_size=3)
+    assert again.calls == 3 and "what made them differs in adapter" in capsys.readouterr().err
+    stop_after_one_piece(ModelAgent(policy, FAST, adapter=True), FAST, tmp_path, "y")
+    resumed = Interrupting(ModelAgent(policy, FAST, adapter=True), after=99)
+    evaluate(resumed, TASKS, FAST, tmp_path, "y", progress=False, chunk_size=3)
+    assert resumed.calls == 2  # the same adapter: its finished piece is kept
+
+
+def test_a_damaged_piece_is_redone_not_fatal(tmp_path, capsys):
+    stop_after_one_piece(ScriptedAgent("ground_truth"), CFG, tmp_path, "gt")
+    (piece,) = (tmp_path / "gt.partial").glob("*.jsonl.gz")
+    piece.write_bytes(piece.read_bytes()[:25])
+    again = Interrupting(ScriptedAgent("ground_truth"), after=99)
+    result = evaluate(again, TASKS, CFG, tmp_path, "gt", progress=False, chunk_size=3)
+    assert again.calls == 3 and result["success"]["mean"] == 1.0 and result["n_tasks"] == 8
+    assert f"{piece}: ends early (truncated): redoing it" in capsys.readouterr().err

@@ -234,11 +234,13 @@ def test_initial_state():
     assert not initial_state(InterfaceConfig()).active  # closed loop: nothing diagnosed yet
     assert not initial_state(InterfaceConfig(enabled=False)).active
     open_loop = initial_state(InterfaceConfig(closed_loop=False))
-    assert open_loop.schema_cues and open_loop.error_feedback
+    assert open_loop.schema_cues and open_loop.error_feedback and open_loop.parse_retry
+    assert not initial_state(InterfaceConfig(closed_loop=False, parse_retry=False)).parse_retry
     assert open_loop.guidelines == ["cautious_call", "act_when_a_tool_fits", "state_aware"]
     assert set(open_loop.reasons) == {"schema_cues", "error_feedback", *open_loop.guidelines}
     release_like = initial_state(InterfaceConfig(closed_loop=False, error_feedback=False, guidelines=False))
     assert release_like.schema_cues and not release_like.error_feedback and release_like.guidelines == []
+    assert not release_like.parse_retry  # the retry is part of phi_err
     assert set(release_like.reasons) == {"schema_cues"}
 
 
@@ -247,7 +249,11 @@ def test_closed_loop_triggers_and_thresholds():
     s = evolve(InterfaceState(), {"argument_mismatch": _entry(5, 0.05, 0.2)}, cfg)
     assert s.schema_cues and not s.error_feedback and "argument_mismatch" in s.reasons["schema_cues"]
     s = evolve(InterfaceState(), {"recovery_failure": _entry(5, 0.05, 0.2)}, cfg)
-    assert s.error_feedback and not s.schema_cues
+    assert s.error_feedback and s.parse_retry and not s.schema_cues
+    s = evolve(
+        InterfaceState(), {"recovery_failure": _entry(5, 0.05, 0.2)}, dataclasses.replace(cfg, parse_retry=False)
+    )
+    assert s.error_feedback and not s.parse_retry
     s = evolve(InterfaceState(), {"invalid_tool_call": _entry(2, 0.02, 0.0)}, cfg)  # exactly at both bounds
     assert s.schema_cues and s.error_feedback
     assert not evolve(InterfaceState(), {"invalid_tool_call": _entry(1, 0.5, 0.0)}, cfg).active  # count 1
@@ -384,10 +390,49 @@ def test_revealed_tools_get_schema_marks(train_tasks):
     contents = []
     for i in range(reveal_turn):
         contents = [m["content"] for m in wrapped.step(f"Done with turn {i}.").observation]
-    assert contents[-1].startswith(NEW_TOOLS_USER_TEXT)
+    assert contents[-1].endswith(NEW_TOOLS_USER_TEXT)
     assert "[required;" in contents[-1] or "[optional;" in contents[-1]
     for doc in task.held_out[reveal_turn]:
         assert json.dumps(doc["name"]) in contents[-1]
+
+
+def test_parse_retry_is_the_interfaces_and_evaluation_keeps_bfcls_protocol(train_tasks):
+    task = train_tasks[0]
+    unreadable = '<tool_call>{"name": "ls", "arguments": {}}</tool_call>'  # tags not on lines of their own
+    bare = Episode(task)
+    bare.reset()
+    assert bare.step(unreadable).turn_done  # BFCL ends the turn: no call it can read
+    assert bare.turns[0].ended_by == "no_call" and bare.turns[0].events[0].error_kind == "parse"
+
+    wrapped = Interface(Episode(task), InterfaceState(error_feedback=True, parse_retry=True))
+    wrapped.reset()
+    r = wrapped.step(unreadable)
+    assert not r.turn_done and r.observation[0]["content"].startswith("Error: the tags are not on lines")
+    assert "Feedback: unreadable call" in r.observation[0]["content"]
+    record = wrapped.turn_records()[0]
+    assert record.retried == 1 and record.steps == [] and record.events[0].error_kind == "parse"
+    r = wrapped.step(format_call("ls", {}))  # the retry is an ordinary message of the same turn
+    assert not r.turn_done and wrapped.turn_records()[0].steps == [["ls()"]]
+    # retries count toward the per-turn message limit, so a model cannot retry forever
+    limited = Interface(Episode(task, max_calls_per_turn=2), InterfaceState(error_feedback=True, parse_retry=True))
+    limited.reset()
+    for _ in range(2):
+        assert not limited.step(unreadable).done
+    assert limited.step(unreadable).done and limited.ended_by == "turn_limit"
+
+
+def test_unread_block_next_to_a_call_gets_feedback_only_through_the_interface(train_tasks):
+    task = train_tasks[0]
+    text = format_call("ls", {}) + "\n" + BROKEN_JSON
+    bare = Episode(task)
+    bare.reset()
+    r = bare.step(text)
+    assert [m["role"] for m in r.observation] == ["tool"] and [e.error_kind for e in r.events] == [None, "parse"]
+    wrapped = Interface(Episode(task), ALL_ON)
+    wrapped.reset()
+    r = wrapped.step(text)
+    assert len(r.observation) == 2 and r.observation[1]["content"].startswith("Error: the tags are not on lines")
+    assert wrapped.errors_rewritten == 1
 
 
 def test_wrapper_passes_the_episode_api_through(train_tasks):

@@ -107,7 +107,7 @@ def test_report_numbers_equal_the_run_files(smoke_run):
 
 def test_run_directory_holds_what_a_report_needs(smoke_run):
     run_dir, _, stdout = smoke_run
-    for name in ["config.yaml", "split.json", "metrics.jsonl", "checkpoint/state.json", "adapter"]:
+    for name in ["config.yaml", "split.json", "metrics.jsonl", "checkpoint/step_0004/state.json", "adapter"]:
         assert (run_dir / name).exists(), name
     assert (run_dir / "eval" / "step_0002.json").exists()  # the periodic held-in evaluation
     assert "[pipeline] report:" in stdout

@@ -98,7 +98,7 @@ def check_exact(policy, traj, forced):
 def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
     base, reveal, two_turns = TASKS["multi_turn_base_50"], TASKS["multi_turn_miss_func_50"], TASKS["multi_turn_base_11"]
     broken = [
-        message(policy, "<tool_call>{not json</tool_call>"),
+        message(policy, '<tool_call>\n{"name": "cd", "arguments": {"no_such_argument": 1}}\n</tool_call>'),
         message(policy, '<tool_call>\n{"name": "no_such_tool", "arguments": {}}\n</tool_call>'),
         message(policy, "I could not do that."),
         message(policy, "Done.", end="<|endoftext|>"),  # stops on eos, not on the template's <|im_end|>
@@ -115,7 +115,7 @@ def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
     # The ground truth, sampled token by token through the engine, passes the official checker.
     for traj, task in ((trajs[0], base), (trajs[1], reveal)):
         assert check(task, traj.env.checker_input()).reward == 1.0
-    assert any(m["role"] == "user" and m["content"].startswith(NEW_TOOLS_USER_TEXT) for m in trajs[1].messages)
+    assert any(m["role"] == "user" and m["content"].endswith(NEW_TOOLS_USER_TEXT) for m in trajs[1].messages)
     assert sum(m["role"] == "tool" for m in trajs[0].messages) >= 1
 
     errors = [m["content"] for m in trajs[2].messages if m["role"] == "tool"]
@@ -136,8 +136,8 @@ def test_cut_messages_and_a_total_length_truncation(policy):
     assert cut.truncated and cut.env.ended_by == TRUNCATED and cut.n_cut >= 1
     assert len(cut.input_ids) <= cfg.max_total_tokens
     assert all(len(f) <= 16 for f in script.forced[0])
-    # the env got the cut text: a call whose closing tag never came
-    assert "never closed" in next(m["content"] for m in cut.messages if m["role"] == "tool")
+    # the env got the cut text: a call whose closing tag never came, which BFCL reads as no call at all
+    assert any("never closed" in e.error for t in cut.env.turns for e in t.events)
 
     skipped = trajs[1]  # its first prompt alone is over the limit: no tokens at all
     assert skipped.truncated and skipped.env.done and skipped.input_ids == [] and not skipped.exact

@@ -147,7 +147,7 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert len(rows_a) == 4 and rows_a == rows_b
     assert any(r["charts/reward"] not in (0.0, 1.0) for r in rows_a)  # updates had something to learn from
     assert any(abs(r["losses/grad_norm"]) > 0 for r in rows_a)
-    base = load_file(str(straight.run_dir / "checkpoint" / "adapter" / "adapter_model.safetensors"))
+    base = load_file(str(straight.run_dir / "checkpoint" / "step_0004" / "adapter" / "adapter_model.safetensors"))
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
 
 

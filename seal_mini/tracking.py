@@ -1,0 +1,143 @@
+"""Live views of a training run: TensorBoard and Weights & Biases, beside metrics.jsonl.
+
+metrics.jsonl is always written (seal_mini.runio) and is what the report reads. The recipe's
+`log.backends` may add:
+  tensorboard  event files under <run_dir>/tensorboard, offline: every numeric metric of a step as a
+               scalar (the label counts `labels/*` among them), the active cues and a few sample
+               trajectories as text. `tensorboard --logdir runs/` shows every run side by side.
+  wandb        the same scalars, cues and samples sent to Weights & Biases; only where the package is
+               installed and configured (WANDB_API_KEY, or WANDB_MODE=offline). Never required.
+Both packages are optional extras (requirements-log.txt), imported only when a recipe names them.
+
+A resumed run re-runs the steps after its checkpoint. TensorBoard's folder is then rebuilt from the run's
+files (metrics.jsonl and trajectories/ up to the checkpoint), so every step appears once whatever the
+interrupted attempt had written. W&B resumes the same run id; its steps only move forward, so a redone
+step keeps the values the first attempt sent, which are the same numbers (resume is exact).
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+
+from seal_mini.config import Config, ConfigError
+from seal_mini.runio import read_jsonl_gz, write_json
+
+BACKEND_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+"""Backend -> the package it needs (jsonl needs none)."""
+INSTALL = "pip install -r requirements-log.txt (bash run.sh installs it when a recipe names the backend)"
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def check_backends(cfg: Config) -> None:
+    """Fail before training, with the fix, if a named backend cannot run here."""
+    for backend in cfg.log.backends:
+        module = BACKEND_MODULES.get(backend)
+        if module and not installed(module):
+            raise ConfigError(f"log.backends: {backend} is not installed; {INSTALL}, or remove it from log.backends")
+    if "wandb" in cfg.log.backends and not (os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE")):
+        raise ConfigError(
+            "log.backends: wandb is named but not configured; set WANDB_API_KEY (or WANDB_MODE=offline to keep "
+            "the logs local), or remove wandb from log.backends"
+        )
+
+
+def numeric(row: dict) -> dict[str, float]:
+    """The metrics of a row that are plain numbers (bools and lists, such as the cue names, are not)."""
+    return {k: float(v) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def sample_text(rows: list[dict], n: int, chars: int = 2000) -> str:
+    """The first success and the first failure of a round as markdown, for the text panes."""
+    picks = [r for r in rows if r["reward"] > 0][:1] + [r for r in rows if r["reward"] == 0][:1]
+    blocks = []
+    for row in picks[:n]:
+        lines = [f"**{row['task_id']}** reward {row['reward']}, labels {row['labels']}", ""]
+        for m in row["messages"]:
+            if m["role"] == "system":
+                continue  # the tool schemas: thousands of characters, the same every step
+            text = str(m.get("content", ""))
+            lines.append(f"    [{m['role']}] {text[:chars]}".replace("\n", "\n    "))
+        blocks.append("\n".join(lines))
+    return "\n\n---\n\n".join(blocks)
+
+
+class Tracker:
+    """Sends each finished step to the live backends the recipe names (jsonl is written elsewhere)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, history: list[dict]):
+        """`history`: the metrics rows of the steps already done (a resumed run's rows before its checkpoint)."""
+        check_backends(cfg)
+        self.samples = cfg.train.print_samples
+        self.tensorboard = self.wandb = None
+        if "tensorboard" in cfg.log.backends:
+            from torch.utils.tensorboard import SummaryWriter
+
+            folder = run_dir / "tensorboard"
+            shutil.rmtree(folder, ignore_errors=True)  # rebuilt from the run's files: each step once
+            self.tensorboard = SummaryWriter(str(folder))
+            for row in history:
+                path = run_dir / "trajectories" / f"step_{row['step']:04d}.jsonl.gz"
+                self._to_tensorboard(row, read_jsonl_gz(path) if path.exists() else [])
+        if "wandb" in cfg.log.backends:
+            import wandb
+
+            self.wandb_module = wandb
+            self.wandb = wandb.init(
+                project=cfg.log.wandb_project,
+                name=cfg.name,
+                id=_wandb_id(run_dir),
+                resume="allow",
+                dir=str(run_dir),
+                config=cfg.to_dict(),
+            )
+
+    def log(self, row: dict, trajectories: list[dict]) -> None:
+        """One training step: its metrics row (as in metrics.jsonl) and its trajectory rows."""
+        if self.tensorboard is not None:
+            self._to_tensorboard(row, trajectories)
+        if self.wandb is not None:
+            scalars, cues, samples = self._content(row, trajectories)
+            text = {
+                "interface/cues": self.wandb_module.Html(f"<pre>{html.escape(cues)}</pre>"),
+                "samples": self.wandb_module.Html(f"<pre>{html.escape(samples)}</pre>"),
+            }
+            self.wandb.log({**scalars, **text}, step=row["step"])
+
+    def _content(self, row: dict, trajectories: list[dict]) -> tuple[dict[str, float], str, str]:
+        """(scalars, active cues, sample text) of one step."""
+        scalars = {k: v for k, v in numeric(row).items() if k != "step"}
+        cues = ", ".join(row.get("interface/cues", [])) or "(none)"
+        return scalars, cues, sample_text(trajectories, self.samples)
+
+    def _to_tensorboard(self, row: dict, trajectories: list[dict]) -> None:
+        scalars, cues, samples = self._content(row, trajectories)
+        for key, value in scalars.items():
+            self.tensorboard.add_scalar(key, value, row["step"])
+        self.tensorboard.add_text("interface/cues", cues, row["step"])
+        if samples:
+            self.tensorboard.add_text("samples", samples, row["step"])
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _wandb_id(run_dir: Path) -> str:
+    """A W&B run id kept in the run directory, so a resumed run continues the same W&B run."""
+    path = run_dir / "wandb_id.json"
+    if path.exists():
+        return json.loads(path.read_text())["id"]
+    run_id = os.urandom(6).hex()
+    write_json(path, {"id": run_id})
+    return run_id

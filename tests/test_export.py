@@ -1,0 +1,103 @@
+"""export: the adapter (and the merged model) load back and give the run's own log-probs."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from seal_mini.config import ConfigError, load_config
+from seal_mini.export import export_adapter, export_merged, main
+from seal_mini.logprobs import token_logprobs
+from seal_mini.policy import DTYPES, load_hf_base, load_policy, save_adapter
+from seal_mini.runio import write_json, write_yaml
+
+TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run directory whose adapter is far from the identity (random LoRA B), with held-in results."""
+    out = tmp_path_factory.mktemp("runs")
+    cfg = load_config(overrides=TINY + [f"out_dir={out}", "name=tiny"])
+    policy = load_policy(cfg)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    save_adapter(policy, cfg.run_dir / "adapter")
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    for tag, mean in (("base", 0.0), ("adapter", 0.25)):
+        write_json(cfg.run_dir / "eval" / f"{tag}.json", {"tag": tag, "success": {"base": mean, "mean": mean}})
+    ids = torch.randint(5, len(policy.tokenizer) - 5, (2, 40), generator=generator)
+    mask = torch.ones_like(ids, dtype=torch.float32)
+    mask[:, :8] = 0
+    with torch.no_grad():
+        reference = token_logprobs(policy.model, ids, torch.ones_like(ids), mask)
+    with torch.no_grad(), policy.reference():
+        backbone = token_logprobs(policy.model, ids, torch.ones_like(ids), mask)
+    assert (reference - backbone).abs().max() > 0.1  # the adapter really changes the model
+    return cfg, ids, mask, reference
+
+
+def test_exported_adapter_loads_in_transformers_and_peft(trained, tmp_path):
+    from peft import PeftModel
+
+    cfg, ids, mask, reference = trained
+    out = export_adapter(cfg.run_dir, tmp_path / "export")
+    assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "seal_mini_config.yaml"} <= {
+        p.name for p in out.iterdir()
+    }
+    base, _ = load_hf_base(cfg, torch.device("cpu"), torch.float32)
+    model = PeftModel.from_pretrained(base, str(out)).eval()
+    with torch.no_grad():
+        got = token_logprobs(model, ids, torch.ones_like(ids), mask)
+    assert torch.equal(got, reference)
+    card = (out / "README.md").read_text()
+    assert "library_name: peft" in card and "| trained adapter | 25.00 |" in card and "| backbone | 0.00 |" in card
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-4), ("bfloat16", 0.1)])
+def test_merged_model_loads_without_peft_and_gives_the_same_logprobs(trained, tmp_path, dtype, tolerance):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg, ids, mask, reference = trained
+    merged = export_merged(cfg.run_dir, tmp_path / "merged", dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(merged)).eval()
+    assert model.dtype == DTYPES[dtype]
+    assert AutoTokenizer.from_pretrained(str(merged)).chat_template  # the template travels with it
+    with torch.no_grad():
+        got = token_logprobs(model.float(), ids, torch.ones_like(ids), mask)
+    gap = float((got - reference).abs().max())
+    print(f"merged {dtype}: max |log-prob gap| {gap:.2e} over {int(mask.sum())} tokens")
+    assert gap < tolerance
+
+
+def test_export_names_what_is_missing(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="no config.yaml"):
+        main([str(tmp_path)])
+    cfg = load_config(overrides=TINY + [f"out_dir={tmp_path}", "name=unfinished"])
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    with pytest.raises(ConfigError, match="no trained adapter .*train --resume"):
+        main([str(cfg.run_dir)])
+
+
+def test_hub_is_only_reached_when_asked(trained, tmp_path, monkeypatch):
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo, **kwargs):
+            calls.append(("create", repo))
+
+        def upload_folder(self, folder_path, repo_id, **kwargs):
+            calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+    monkeypatch.setattr("huggingface_hub.HfApi", FakeApi)
+    cfg = trained[0]
+    assert main([str(cfg.run_dir), "--out", str(tmp_path / "a")]) == 0
+    assert calls == []
+    assert main([str(cfg.run_dir), "--out", str(tmp_path / "b"), "--push-to-hub", "someone/seal"]) == 0
+    assert calls[0] == ("create", "someone/seal") and calls[1][:2] == ("upload", "someone/seal")
+    assert "adapter_model.safetensors" in calls[1][2]
+    assert json.loads((tmp_path / "b" / "adapter_config.json").read_text())["peft_type"] == "LORA"

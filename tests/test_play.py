@@ -1,0 +1,78 @@
+"""chat: one task played on the bare benchmark, shown turn by turn, ending in the checker's verdict."""
+
+import pytest
+
+from seal_mini.bfcl import tasks_by_id
+from seal_mini.config import ConfigError, load_config
+from seal_mini.env import Episode
+from seal_mini.evaluate import ModelAgent, evaluate
+from seal_mini.oracle import POLICIES, play
+from seal_mini.play import Console, main, verdict_lines
+from seal_mini.policy import load_policy, save_adapter
+from seal_mini.runio import write_json, write_yaml
+
+TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false", "rollout.max_new_tokens=24"]
+TASK = "multi_turn_base_3"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    cfg = load_config(overrides=TINY + [f"out_dir={out}", "name=tiny"])
+    policy = load_policy(cfg)
+    save_adapter(policy, cfg.run_dir / "adapter")
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    write_json(cfg.run_dir / "split.json", {"train": [], "eval": [TASK]})
+    return cfg.run_dir
+
+
+def test_scripted_ground_truth_shows_calls_and_passes(run_dir, capsys):
+    assert main([str(run_dir), "--scripted", "ground_truth", "--replay"]) == 0
+    out = capsys.readouterr().out
+    task = tasks_by_id()[TASK]
+    assert f"[task] {TASK}" in out
+    assert out.count("[user] ") == len(task.turns)
+    first_call = task.ground_truth[0][0].split("(")[0]
+    assert f"[call] {first_call}(" in out and "[result] " in out
+    assert "[verdict] reward 1 (passed)" in out
+
+
+def test_model_chat_gives_the_evaluation_verdict(run_dir, tmp_path, capsys):
+    # The same model, task and greedy decoding through `eval` must end with the same verdict and labels.
+    assert main([str(run_dir), "--task", TASK]) == 0
+    out = capsys.readouterr().out
+    cfg = load_config(overrides=TINY + [f"lora.adapter_path={run_dir / 'adapter'}"])
+    result = evaluate(ModelAgent(load_policy(cfg), cfg), [tasks_by_id()[TASK]], cfg, tmp_path, "x", progress=False)
+    assert f"[verdict] reward {result['success']['mean']:.0f}" in out
+    labels = ", ".join(f"turn {i}: {z}" for i, z in enumerate(_labels(tmp_path)))
+    assert f"[labels] {labels}" in out
+    assert "[assistant] " in out
+
+
+def _labels(folder):
+    from seal_mini.runio import read_jsonl_gz
+
+    return read_jsonl_gz(folder / "x.trajectories.jsonl.gz")[0]["labels"]
+
+
+def test_typed_turns_are_sent_and_flagged():
+    task = tasks_by_id()[TASK]
+    sent = []
+
+    def ask(turn, text):
+        sent.append(turn)
+        return "something else entirely" if turn == 1 else text
+
+    shown = []
+    console = Console(Episode(task), ask, out=shown.append)
+    messages = play(console, POLICIES["ground_truth"](task))
+    assert sent == list(range(len(task.turns)))
+    assert "something else entirely" in [m["content"] for m in messages if m["role"] == "user"]
+    lines = verdict_lines(console)
+    assert lines[0] == "[verdict] reward 1 (passed)"  # the scripted calls still match the ground truth
+    assert "turns [1] were typed" in lines[-1]
+
+
+def test_an_unknown_task_is_named(run_dir):
+    with pytest.raises(ConfigError, match="--task nope: no such BFCL V3 task"):
+        main([str(run_dir), "--task", "nope"])

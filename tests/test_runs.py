@@ -1,0 +1,83 @@
+"""Runs as datasets: every split equals the files training and evaluation wrote, and Parquet round-trips."""
+
+from pathlib import Path
+
+import pytest
+
+from seal_mini import runs
+from seal_mini import train as train_module
+from seal_mini.bfcl import pick
+from seal_mini.config import ConfigError, load_config
+from seal_mini.evaluate import ScriptedAgent, evaluate
+from seal_mini.ood import run_suite, scripted_agent
+from seal_mini.runio import read_json, read_jsonl_gz
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """Two cpu_smoke training steps, a scripted held-in evaluation and a scripted BFCL V4 memory suite."""
+    out = tmp_path_factory.mktemp("runs")
+    cfg = load_config(
+        "recipes/cpu_smoke.yaml",
+        [f"out_dir={out}", "train.steps=2", "train.eval_every=0", "ood.memory_backends=[kv]", "ood.max_tasks=2"],
+    )
+    run_dir, _ = train_module.train(cfg)
+    tasks = pick(read_json(run_dir / "split.json")["eval"], 4)
+    evaluate(ScriptedAgent("ground_truth"), tasks, cfg, run_dir / "eval", "gt", progress=False)
+    run_suite("bfcl_v4_memory", scripted_agent("bfcl_v4_memory", "answer"), cfg, run_dir / "eval", "memory_gt")
+    return run_dir
+
+
+def test_trajectories_and_turns_equal_the_training_files(run_dir):
+    ds = runs.load(run_dir)
+    files = [(int(p.name[5:9]), read_jsonl_gz(p)) for p in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz"))]
+    raw = [(step, r) for step, rows in files for r in rows]
+    assert len(raw) == 2 * 2 * 3  # 2 steps x 2 tasks x G=3
+    assert ds["trajectories"].num_rows == len(raw)
+    for got, (step, want) in zip(ds["trajectories"], raw, strict=True):
+        assert got["step"] == step == want["step"] and got["sample"] == want["sample"]
+        for key in ("task_id", "category", "reward", "error_type", "labels", "reasons", "weight", "advantage"):
+            assert got[key] == want[key], key
+        for key in ("truncated", "n_sampled", "n_tokens"):
+            assert got[key] == want[key], key
+        assert [(m["role"], m["content"], m["name"]) for m in got["messages"]] == [
+            (m["role"], m["content"], m.get("name")) for m in want["messages"]
+        ]
+    assert [r["sample"] for _, r in raw] == [0, 1, 2] * 4
+    turns = ds["turns"]
+    assert turns.num_rows == sum(len(r["labels"]) for _, r in raw)
+    first = raw[0][1]
+    assert turns[: len(first["labels"])]["label"] == first["labels"]
+    assert turns[: len(first["labels"])]["turn"] == list(range(len(first["labels"])))
+
+
+def test_eval_and_suite_rows_equal_the_evaluation_files(run_dir):
+    ds = runs.load(run_dir)
+    held_in = read_jsonl_gz(run_dir / "eval" / "gt.trajectories.jsonl.gz")
+    assert ds["eval"].num_rows == len(held_in) == 4
+    for got, want in zip(ds["eval"], held_in, strict=True):
+        assert got["tag"] == "gt" and got["reward"] == want["reward"] == 1.0
+        for key in ("task_id", "category", "error_type", "failed_turn", "labels"):
+            assert got[key] == want[key], key
+        assert [m["content"] for m in got["messages"]] == [m["content"] for m in want["messages"]]
+    suite = read_jsonl_gz(run_dir / "eval" / "memory_gt.trajectories.jsonl.gz")
+    assert ds["suites"].num_rows == len(suite) > 0
+    assert set(ds["suites"]["suite"]) == {"bfcl_v4_memory"}
+    assert ds["suites"]["reward"] == [r.get("reward") for r in suite]
+    assert any(r is None for r in ds["suites"]["reward"]) and any(r == 1.0 for r in ds["suites"]["reward"])
+
+
+def test_parquet_files_load_with_datasets_alone(run_dir, tmp_path):
+    from datasets import load_dataset
+
+    paths = runs.write_parquet(run_dir, tmp_path)
+    assert set(paths) == set(runs.SPLITS)
+    direct = runs.load(run_dir)
+    for split, path in paths.items():  # one split per call: the splits have different columns
+        loaded = load_dataset("parquet", data_files=str(path), split="train", cache_dir=str(tmp_path / "c"))
+        assert loaded.to_list() == direct[split].to_list(), split
+
+
+def test_not_a_run_directory_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="not a run directory"):
+        runs.load(tmp_path)
