@@ -153,7 +153,8 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "bfloat16", device: str
     import torch
     from peft import PeftModel
 
-    from seal_mini.policy import DTYPES, load_hf_base
+    from seal_mini.device import DTYPES
+    from seal_mini.policy import load_hf_base
 
     cfg = copy.deepcopy(run_config(run_dir))
     cfg.model.load_in_4bit = False  # merging into 4-bit weights would round the adapter away
