@@ -28,7 +28,7 @@ How the work is scheduled:
     environment, its new tokens are prefilled (batched with others of similar length) and it decodes
     again, so no episode waits for the slowest message of the batch.
   - Sampling. Each episode draws from its own random stream, seeded by (seed, task, sample), so what
-    it samples does not depend on how many episodes run beside it.
+    it samples does not depend on how many episodes run beside it, nor on which rank runs it.
   - Out of GPU memory. The call keeps the episodes that finished, halves the slots and runs the rest
     again from their start (same streams, so the same samples), saying what shrank.
 """
@@ -182,6 +182,16 @@ def sample_tokens(
     # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
     tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
     return tokens.clamp(max=probs.shape[-1] - 1)
+
+
+def sample_numbers(task_ids: list[str]) -> list[int]:
+    """For each episode, how many episodes of the same task come before it: the `sample` of its stream."""
+    seen: dict[str, int] = {}
+    out = []
+    for task in task_ids:
+        seen[task] = seen.get(task, -1) + 1
+        out.append(seen[task])
+    return out
 
 
 def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
@@ -729,12 +739,15 @@ def run_rollouts(
     progress=None,
     stats: RolloutStats | None = None,
     logits_hook: LogitsHook | None = None,
+    samples: list[int] | None = None,
 ) -> list[Trajectory]:
     """Run every episode to its end with the policy; trajectories come back in the order of envs.
 
     Sampling follows temperature (0 = greedy) and cfg_rollout.top_p. Episode i draws from its own stream,
-    seeded by (seed, its task id, how many episodes of that task came before it in envs), so the same seed
-    gives the same rollouts at any concurrency. `progress` (a tqdm bar) advances once per finished episode.
+    seeded by (seed, its task id, samples[i]); samples defaults to how many episodes of that task came
+    before it in envs (a rank that plays part of a round passes the numbers its episodes have in the whole
+    round). So the same seed gives the same rollouts at any concurrency, on any number of ranks.
+    `progress` (a tqdm bar) advances once per finished episode.
 
     On a CUDA out-of-memory error the finished episodes are kept and the others run again from their
     start with half the slots (then smaller prefill pieces); policy.limits remembers the smaller setting."""
@@ -742,11 +755,12 @@ def run_rollouts(
     if len({id(env) for env in envs}) != len(envs):
         raise ValueError("an episode object appears more than once in envs; make one per rollout")
     stats = stats if stats is not None else RolloutStats()
-    seeds, seen = {}, {}
-    for i, env in enumerate(envs):
-        task = _task_id(env, i)
-        seen[task] = seen.get(task, -1) + 1
-        seeds[i] = episode_seed(seed, task, seen[task])
+    task_ids = [_task_id(env, i) for i, env in enumerate(envs)]
+    samples = sample_numbers(task_ids) if samples is None else samples
+    assert len(samples) == len(envs), f"{len(samples)} sample numbers for {len(envs)} episodes"
+    seeds = {
+        i: episode_seed(seed, task, sample) for i, (task, sample) in enumerate(zip(task_ids, samples, strict=True))
+    }
     limits = policy.limits
     slots = concurrency(policy, cfg_rollout, len(envs))
     prefill = min(cfg_rollout.prefill_tokens, limits.prefill_tokens or cfg_rollout.prefill_tokens)

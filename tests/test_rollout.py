@@ -299,6 +299,20 @@ def test_samples_do_not_depend_on_how_many_episodes_run_at_once(policy):
     assert [t.input_ids for t in sampled_episodes(policy, 3, seed=4)] != [t.input_ids for t in one]
 
 
+def test_a_part_of_a_round_samples_as_the_whole_round_does(policy):
+    """A rank playing some episodes of a round passes their sample numbers in the whole round; it then draws
+    what one process playing the round draws (here a task that appears twice, as when a step straddles two
+    epochs, and whose second group went to another rank)."""
+    cfg = rollout_cfg(max_new_tokens=12, max_response_tokens=48)
+    ids = ["multi_turn_base_1", "multi_turn_base_2", "multi_turn_base_1"]
+    whole = run_rollouts(policy, [Episode(TASKS[i]) for i in ids for _ in range(2)], cfg, 1.0, (5, 0))
+    part = run_rollouts(policy, [Episode(TASKS[ids[2]]) for _ in range(2)], cfg, 1.0, (5, 0), samples=[2, 3])
+    assert [t.input_ids for t in part] == [t.input_ids for t in whole[4:]]
+    assert whole[4].input_ids != whole[0].input_ids  # the second group of a task has streams of its own
+    default = run_rollouts(policy, [Episode(TASKS[ids[2]]) for _ in range(2)], cfg, 1.0, (5, 0))
+    assert [t.input_ids for t in default] == [t.input_ids for t in whole[:2]]  # without samples: 0, 1
+
+
 class OutOfMemoryAbove:
     """Makes every model forward with more than `rows` sequences raise CUDA's out-of-memory error (after
     `after` forwards have run), as a card too small for that batch would."""
