@@ -25,6 +25,10 @@ COMMANDS = {
 }
 
 
+DATA_PARALLEL = ("pipeline", "train", "eval")
+"""Commands that run on several ranks under torchrun (seal_mini.distributed)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
@@ -38,6 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     # place. Read when CUDA first allocates, so it is set here, before any command runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     module = importlib.import_module(COMMANDS[argv[0]][0])
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun started this process as one of several ranks
+        if argv[0] not in DATA_PARALLEL:
+            print(f"error: {argv[0]} runs in one process; start it without torchrun", file=sys.stderr)
+            return 2
+        from seal_mini import distributed
+
+        return distributed.run_command(module.main, argv[1:])
     try:
         return module.main(argv[1:])
     except (ConfigError, FileError, OSError) as e:  # a wrong setting, a damaged file, a full disk: one line

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from seal_mini.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
+from seal_mini.distributed import is_main, on_main, split_work, world_size
 from seal_mini.env import NO_CALL, Episode
 from seal_mini.evaluate import eval_identity
 from seal_mini.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
@@ -371,8 +372,7 @@ def evaluate_bfcl_v4(
         prereqs=run_prereqs,
         embedding_model=cfg.ood.embedding_model,
     )
-    if not open_partial(partial, identity):  # a new evaluation: no memory of an earlier one may leak in
-        shutil.rmtree(snapshots, ignore_errors=True)
+    on_main(_open, partial, identity, snapshots)
 
     rows, prereq_rows = [], []
     # web search needs the network, but only the public internet; nothing else may reach it at all
@@ -384,16 +384,26 @@ def evaluate_bfcl_v4(
                     column, snapshots / column, cfg.ood.max_tasks, cfg.ood.memory_scenarios
                 )
                 done_file = partial / f"{column}.prereq.jsonl.gz"
-                prereq_rows += _run_chains(agent, chains, done_file, snapshots / column, run_prereqs)
+                # one process builds the memory: each link of a chain starts from the snapshot the last one wrote
+                prereq_rows += on_main(
+                    _run_chains, agent, chains, done_file, snapshots / column, run_prereqs, what="building the memory"
+                )
             else:
                 questions = web_search_tasks(column, cfg.ood.max_tasks)
             rows += _run_questions(agent, questions, partial, column, progress)
 
     result = suite_result(suite, tag, agent.name, source, rows, columns, skipped)
-    write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", prereq_rows + rows)
-    write_json(out_dir / f"{tag}.json", result)
-    shutil.rmtree(partial)
+    if is_main():
+        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", prereq_rows + rows)
+        write_json(out_dir / f"{tag}.json", result)
+        shutil.rmtree(partial)
     return result
+
+
+def _open(partial: Path, identity: dict, snapshots: Path) -> None:
+    """Keep the pieces of a stopped run of this very evaluation; a new one starts with no memory at all."""
+    if not open_partial(partial, identity):  # a new evaluation: no memory of an earlier one may leak in
+        shutil.rmtree(snapshots, ignore_errors=True)
 
 
 def _row(item: AgenticTask, env: AgenticEpisode, record: dict, reward: float | None, error: str) -> dict:
@@ -435,18 +445,25 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
 
 
 def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
-    done = read_pieces(partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
+    done = on_main(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
     todo = questions[len(done) :]
     from tqdm import tqdm
 
-    bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress)
-    for start in range(0, len(todo), CHUNK):
-        chunk = todo[start : start + CHUNK]
-        envs = [AgenticEpisode(item) for item in chunk]
-        rows = []
-        for item, env, record in zip(chunk, envs, agent.run(envs, progress=bar), strict=True):
-            rows.append(_row(item, env, record, *score(env)))
-        write_jsonl_gz(partial / f"{column}.q{len(done):05d}.jsonl.gz", rows)
+    bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress or not is_main())
+    piece = CHUNK * world_size()  # under torchrun each rank plays CHUNK questions of a piece at once
+    for start in range(0, len(todo), piece):
+        rows = split_work(todo[start : start + piece], lambda share: _play_questions(agent, share, bar))
+        if is_main():
+            write_jsonl_gz(partial / f"{column}.q{len(done):05d}.jsonl.gz", rows)
         done += rows
+        if bar.n < len(done):  # the other ranks' questions of the piece
+            bar.update(len(done) - bar.n)
     bar.close()
     return done
+
+
+def _play_questions(agent, items: list[AgenticTask], bar) -> list[dict]:
+    """`agent` on each question, scored by BFCL's agentic checker: one row per question."""
+    envs = [AgenticEpisode(item) for item in items]
+    records = agent.run(envs, progress=bar) if envs else []
+    return [_row(item, env, record, *score(env)) for item, env, record in zip(items, envs, records, strict=True)]

@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 
 import torch
+import torch.distributed
 
 from seal_mini.config import ConfigError
 
@@ -87,6 +88,8 @@ def resolve_device(name: str) -> torch.device:
     if name == "cpu":
         return torch.device("cpu")
     if torch.cuda.is_available():
+        if torch.distributed.is_initialized():  # one of several ranks: the GPU seal_mini.distributed gave it
+            return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cuda")
     gpus = nvidia_smi()
     if gpus:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 from seal_mini.bfcl import Task
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
+from seal_mini.distributed import check_same, is_main, on_main, run_lock, split_work, world_size
 from seal_mini.env import Episode
 from seal_mini.oracle import POLICIES, play
-from seal_mini.runio import open_partial, read_json, read_pieces, read_safetensors, run_lock, write_json, write_jsonl_gz
+from seal_mini.runio import read_json, read_safetensors, resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -134,39 +135,27 @@ def evaluate(
     """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories.
 
     `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
-    only by an evaluation with the same identity (eval_identity: policy, adapter, tasks, settings)."""
-    from seal_mini.diagnose import diagnose
-    from seal_mini.verifier import check_episode
-
+    only by an evaluation with the same identity (eval_identity: policy, adapter, tasks, settings).
+    Under torchrun each rank plays its share of every piece; rank 0 writes, every rank gets the result."""
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
-    open_partial(partial, eval_identity(agent, cfg, source, [t.id for t in tasks]))
-    done_rows = read_pieces(partial)  # resume: keep the pieces already finished
+    identity = eval_identity(agent, cfg, source, [t.id for t in tasks])
+    done_rows = on_main(resume_pieces, partial, identity)  # resume: the pieces already finished
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
     from tqdm import tqdm
 
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress)
-    for start in range(0, len(todo), chunk_size):
-        chunk = todo[start : start + chunk_size]
-        envs = [Episode(t) for t in chunk]  # BFCL's own limits: env.* shape training episodes only
-        records = agent.run(envs, progress=bar)  # the bar moves as each episode finishes
-        rows = []
-        for task, env, record in zip(chunk, envs, records, strict=True):
-            verdict = check_episode(env)
-            rows.append(
-                {
-                    "task_id": task.id,
-                    "category": task.category,
-                    "reward": verdict.reward,
-                    "error_type": verdict.error_type,
-                    "failed_turn": verdict.failed_turn,
-                    "labels": diagnose(env, verdict),
-                    **record,
-                }
-            )
-        write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
+    bar = tqdm(
+        total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress or not is_main()
+    )
+    piece = chunk_size * world_size()  # each rank plays chunk_size episodes of a piece at once
+    for start in range(0, len(todo), piece):
+        rows = split_work(todo[start : start + piece], lambda share: play_tasks(agent, share, bar))
+        if is_main():
+            write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
         done_rows += rows
+        if bar.n < len(done_rows):  # the other ranks' episodes of the piece
+            bar.update(len(done_rows) - bar.n)
     bar.close()
 
     by_id = {r["task_id"]: r for r in done_rows}
@@ -181,10 +170,35 @@ def evaluate(
         "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
         "label_counts": _label_counts(rows),
     }
-    write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
-    write_json(out_dir / f"{tag}.json", result)
-    shutil.rmtree(partial)
+    if is_main():
+        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
+        write_json(out_dir / f"{tag}.json", result)
+        shutil.rmtree(partial)
     return result
+
+
+def play_tasks(agent, tasks: list[Task], progress=None) -> list[dict]:
+    """`agent` on each task in the bare environment, scored by the official checker: one row per task."""
+    from seal_mini.diagnose import diagnose
+    from seal_mini.verifier import check_episode
+
+    envs = [Episode(t) for t in tasks]  # BFCL's own limits: env.* shape training episodes only
+    records = agent.run(envs, progress=progress) if envs else []  # the bar moves as each episode finishes
+    rows = []
+    for task, env, record in zip(tasks, envs, records, strict=True):
+        verdict = check_episode(env)
+        rows.append(
+            {
+                "task_id": task.id,
+                "category": task.category,
+                "reward": verdict.reward,
+                "error_type": verdict.error_type,
+                "failed_turn": verdict.failed_turn,
+                "labels": diagnose(env, verdict),
+                **record,
+            }
+        )
+    return rows
 
 
 def _label_counts(rows: list[dict]) -> dict[str, int]:
@@ -245,6 +259,7 @@ def main(argv: list[str]) -> int:
     if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
         args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     cfg = load_config(args.recipe, args.overrides)
+    check_same("settings", {"config": cfg.to_dict(), "args": vars(args)})  # several ranks: one evaluation
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
         return suite_main(args, cfg) if args.suite != "bfcl_v3" else held_in_main(args, cfg)
 

@@ -418,3 +418,9 @@ def read_pieces(partial: Path, pattern: str = "*.jsonl.gz") -> list[dict]:
             )
             break
     return rows
+
+
+def resume_pieces(partial: Path, identity: dict) -> list[dict]:
+    """The rows of a stopped job's finished pieces if this very job made them (open_partial), else none."""
+    open_partial(partial, identity)
+    return read_pieces(partial)

@@ -47,9 +47,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
+from seal_mini.distributed import is_main, on_main, split_work, world_size
 from seal_mini.evaluate import eval_identity
 from seal_mini.ood import loopback_only, require, suite_result
-from seal_mini.runio import open_partial, read_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
 from seal_mini.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 
 CHUNK = 16
@@ -660,29 +661,38 @@ def evaluate_tau2(
         identity = eval_identity(
             agent, cfg, source, task_ids, user_simulator=user.description, max_steps=cfg.ood.tau2_max_steps
         )
-        open_partial(partial, identity)
-        done_rows = read_pieces(partial)
+        done_rows = on_main(resume_pieces, partial, identity)  # the pieces already finished
         done = {(r["column"], r["task_id"]) for r in done_rows}
         todo = [(d, task) for d, task in tasks if (d, task.id) not in done]
         from tqdm import tqdm
 
-        bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc=f"tau2 {tag}", disable=not progress)
-        for start in range(0, len(todo), chunk_size):
-            chunk = todo[start : start + chunk_size]
+        bar = tqdm(
+            total=len(tasks), initial=len(tasks) - len(todo), desc=f"tau2 {tag}", disable=not progress or not is_main()
+        )
+
+        def play(chunk: list) -> list[dict]:
             envs = [Tau2Episode(d, task, user, cfg.ood.tau2_max_steps) for d, task in chunk]
-            records = agent.run(envs, progress=bar)
-            rows = [
+            records = agent.run(envs, progress=bar) if envs else []
+            return [
                 {"task_id": env.task.id, "column": env.domain, **env.score(), **record}
                 for env, record in zip(envs, records, strict=True)
             ]
-            write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
+
+        piece = chunk_size * world_size()  # under torchrun each rank plays chunk_size tasks of a piece at once
+        for start in range(0, len(todo), piece):
+            rows = split_work(todo[start : start + piece], play)
+            if is_main():
+                write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
             done_rows += rows
+            if bar.n < len(done_rows):  # the other ranks' tasks of the piece
+                bar.update(len(done_rows) - bar.n)
         bar.close()
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
     result = suite_result("tau2", tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
-    write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
-    write_json(out_dir / f"{tag}.json", result)
-    shutil.rmtree(partial)
+    if is_main():
+        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
+        write_json(out_dir / f"{tag}.json", result)
+        shutil.rmtree(partial)
     return result

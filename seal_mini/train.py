@@ -43,6 +43,17 @@ from seal_mini.config import (
 )
 from seal_mini.device import MemoryLimits, release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
+from seal_mini.distributed import (
+    all_reduce_gradients,
+    all_reduce_sum,
+    all_reduce_sums,
+    check_same,
+    gather_in_order,
+    is_main,
+    on_main,
+    run_lock,
+    share,
+)
 from seal_mini.env import Episode
 from seal_mini.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
 from seal_mini.interface import Interface, InterfaceState, evolve, initial_state
@@ -50,7 +61,7 @@ from seal_mini.judge import judge_from_config
 from seal_mini.logprobs import token_logprobs
 from seal_mini.policy import load_policy, save_adapter
 from seal_mini.report import active_cues
-from seal_mini.rollout import Trajectory, run_rollouts
+from seal_mini.rollout import Trajectory, run_rollouts, sample_numbers
 from seal_mini.runio import (
     FileError,
     move_aside,
@@ -60,7 +71,6 @@ from seal_mini.runio import (
     read_safetensors,
     read_torch,
     read_yaml,
-    run_lock,
     write_json,
     write_jsonl_gz,
     write_metrics,
@@ -129,24 +139,38 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
     return ids.to(device), attention.to(device), mask.to(device), old.to(device)
 
 
-def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advantages: torch.Tensor, cfg: Config):
+def update(
+    policy,
+    optimizer,
+    scheduler,
+    trajectories: list[Trajectory],
+    advantages: torch.Tensor,
+    cfg: Config,
+    positions: list[int] | None = None,
+):
     """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences.
+
+    `positions` says where each trajectory stands in the round (default: they are the round, in order).
+    With several ranks each holds some of the round: it computes the gradients of its part of every
+    mini-batch, and the token count and the gradients are summed over the ranks before the step.
 
     A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
     the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
     model, tc = policy.model, cfg.train
     params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
+    positions = list(range(len(trajectories))) if positions is None else positions
+    round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
     # policy_loss divides every micro-batch by its mini-batch's token count, so metric sums over one
     # mini-batch are that mini-batch's means; averaging over the optimizer steps gives the round's.
     sums: dict[str, float] = {}
     steps = 0
     model.train()
-    for start in range(0, len(trajectories), per_mini):
+    for start in range(0, round_size, per_mini):
         # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
-        mini = [i for i in range(start, min(start + per_mini, len(trajectories))) if any(trajectories[i].loss_mask)]
+        mini = [i for i, p in enumerate(positions) if start <= p < start + per_mini and any(trajectories[i].loss_mask)]
         # token-mean over the whole mini-batch: every micro-batch divides by the same token count
-        n_tokens = sum(sum(trajectories[i].loss_mask) for i in mini)
+        n_tokens = all_reduce_sum(sum(sum(trajectories[i].loss_mask) for i in mini))
         if n_tokens == 0:
             continue
         mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
@@ -155,7 +179,8 @@ def update(policy, optimizer, scheduler, trajectories: list[Trajectory], advanta
             release_memory(policy.device)
             shrink_update(policy.limits, tc)
             mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
-        for k, v in mini_sums.items():
+        all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
+        for k, v in all_reduce_sums(mini_sums).items():
             sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
         optimizer.step()
@@ -373,26 +398,26 @@ def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
 # --- logging helpers --------------------------------------------------------------------------------
 
 
-def trajectory_rows(step: int, group_size: int, trajs, verdicts, diagnoses, weights, advantages) -> list[dict]:
+def trajectory_rows(step: int, group_size: int, episodes: list[dict], weights, advantages) -> list[dict]:
     """One row per trajectory of a round (the schema of trajectories/*.jsonl.gz; see seal_mini.runs)."""
     return [
         {
-            "task_id": t.task_id,
-            "category": t.env.task.category,
+            "task_id": e["task_id"],
+            "category": e["category"],
             "step": step,
             "sample": i % group_size,
-            "reward": v.reward,
-            "error_type": v.error_type,
-            "labels": [d.label for d in z],
-            "reasons": [d.reason + (f" [{d.detail}]" if d.detail else "") for d in z],
+            "reward": e["reward"],
+            "error_type": e["error_type"],
+            "labels": e["labels"],
+            "reasons": e["reasons"],
             "weight": float(w),
             "advantage": float(a),
-            "truncated": t.truncated,
-            "n_sampled": t.n_sampled,
-            "n_tokens": len(t.input_ids),
-            "messages": t.messages,
+            "truncated": e["truncated"],
+            "n_sampled": e["n_sampled"],
+            "n_tokens": e["n_tokens"],
+            "messages": e["messages"],
         }
-        for i, (t, v, z, w, a) in enumerate(zip(trajs, verdicts, diagnoses, weights, advantages, strict=True))
+        for i, (e, w, a) in enumerate(zip(episodes, weights, advantages, strict=True))
     ]
 
 
@@ -427,11 +452,12 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     """Run (or continue) SEAL training; returns (run directory, trained policy).
 
     resume: continue from the newest checkpoint (from step 0 while the run has none yet).
-    restart: first move whatever the run directory holds aside, then start at step 0."""
+    restart: first move whatever the run directory holds aside, then start at step 0.
+    Under torchrun every rank runs this function; see seal_mini.distributed for what they split."""
     run_dir = cfg.run_dir
     check_backends(cfg)  # a missing logging extra is an error now, not after the first step
-    checkpoint = open_run(cfg, resume, restart)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_same("settings", {"config": cfg.to_dict(), **package_versions()})  # several ranks: one run
+    checkpoint = on_main(open_run, cfg, resume, restart, what="waiting for rank 0 to open the run")
     split = load_split(cfg)
     train_tasks = pick(split["train"], cfg.data.max_train_tasks)
     G = cfg.rollout.group_size
@@ -453,56 +479,74 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         # steps after the checkpoint are run again, so their old metric lines go
         metrics_rows = [r for r in read_metrics(run_dir) if r["step"] < state.step]
         lost = sorted(set(range(state.step)) - {r["step"] for r in metrics_rows})
-        if lost:
+        if lost and is_main():
             print(
                 f"[train] warning: metrics.jsonl has no row for steps {lost}; the report will lack them",
                 file=sys.stderr,
             )
         print(f"[train] {run_dir} has a checkpoint of step {state.step}: continuing that run")
-    # written once the checkpoint has loaded, so a resume that fails changes nothing in the run
-    write_yaml(run_dir / "config.yaml", cfg.to_dict())
-    write_json(run_dir / "split.json", split)
-
-    tracker = Tracker(cfg, run_dir, history=metrics_rows)
+    tracker = None
+    if is_main():  # rank 0 writes the run directory
+        # written once the checkpoint has loaded, so a resume that fails changes nothing in the run
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_yaml(run_dir / "config.yaml", cfg.to_dict())
+        write_json(run_dir / "split.json", split)
+        tracker = Tracker(cfg, run_dir, history=metrics_rows)
     from tqdm import tqdm
 
-    for step in tqdm(range(state.step, cfg.train.steps), desc="train", initial=state.step, total=cfg.train.steps):
+    quiet = not is_main()  # progress bars: rank 0's
+    steps = range(state.step, cfg.train.steps)
+    for step in tqdm(steps, desc="train", initial=state.step, total=cfg.train.steps, disable=quiet):
         t0 = time.perf_counter()
 
         # 1. rollouts: G on-policy episodes per task, through the interface Omega_t; each episode samples
-        #    from its own stream, seeded by (seed, step, task, sample)
+        #    from its own stream, seeded by (seed, step, task, sample). With several ranks, each plays its
+        #    share of the tasks (all of them in one process).
         tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
-        envs = [make_env(task, cfg, state.interface) for task in tasks for _ in range(G)]
-        with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False) as bar:
-            trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, (cfg.seed, step), progress=bar)
+        mine = [k * G + s for k in share(len(tasks)) for s in range(G)]  # positions of this rank's episodes
+        samples = sample_numbers([task.id for task in tasks for _ in range(G)])
+        envs = [make_env(tasks[i // G], cfg, state.interface) for i in mine]
+        with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False, disable=quiet) as bar:
+            trajs = run_rollouts(
+                policy,
+                envs,
+                cfg.rollout,
+                cfg.rollout.temperature,
+                (cfg.seed, step),
+                progress=bar,
+                samples=[samples[i] for i in mine],
+            )
         t_rollout = time.perf_counter() - t0
 
         # 2. rewards: the unchanged benchmark verifier
         verdicts = score(envs)
-        rewards = [v.reward for v in verdicts]
 
-        # 3. diagnosis: one label per turn, and the round's failure profile C_t
+        # 3. diagnosis: one label per turn
         if cfg.train.diagnose:
             diagnoses = [diagnose_turns(env, v, judge) for env, v in zip(envs, verdicts, strict=True)]
-            labels = [[d.label for d in turns] for turns in diagnoses]
-            profile = failure_profile(labels, rewards)
         else:
-            diagnoses, labels, profile = [[] for _ in envs], [[] for _ in envs], {}
+            diagnoses = [[] for _ in envs]
+        # every rank now sees every episode of the round, in the order one process plays them
+        episodes = gather_in_order(episode_records(trajs, verdicts, diagnoses), mine, "gathering the round")
+        rewards = [e["reward"] for e in episodes]
+        labels = [e["labels"] for e in episodes]
+        profile = failure_profile(labels, rewards) if cfg.train.diagnose else {}  # C_t
 
         # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
-        group_ids = [i // G for i in range(len(envs))]
+        group_ids = [i // G for i in range(len(episodes))]
         adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps)
         if cfg.train.reweight and cfg.train.diagnose:
             shares = [trajectory_profile(z) for z in labels]
             weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
         else:
-            weights, w_metrics = torch.ones(len(envs)), {"weights/mean": 1.0}
+            weights, w_metrics = torch.ones(len(episodes)), {"weights/mean": 1.0}
         adv = weighted_advantages(adv, weights)
 
-        # 5. policy update
+        # 5. policy update (this rank's episodes; several ranks sum their gradients)
         t1 = time.perf_counter()
-        loss_metrics = update(policy, optimizer, scheduler, trajs, adv, cfg)
+        loss_metrics = update(policy, optimizer, scheduler, trajs, adv[mine], cfg, positions=mine)
         t_update = time.perf_counter() - t1
+        check_same("adapter weights after the update", {"checksum": adapter_checksum(policy)})
 
         # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t); rho moves only in the ema variant
         active = state.interface.to_dict() if state.interface else {}
@@ -524,10 +568,10 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         row = {
             "step": step,
             "charts/reward": sum(rewards) / len(rewards),
-            "charts/truncated_frac": sum(t.truncated for t in trajs) / len(trajs),
-            "charts/sampled_tokens_mean": sum(t.n_sampled for t in trajs) / len(trajs),
-            "charts/episode_tokens_mean": sum(len(t.input_ids) for t in trajs) / len(trajs),
-            "policy/entropy_estimate": _entropy_estimate(trajs),
+            "charts/truncated_frac": sum(e["truncated"] for e in episodes) / len(episodes),
+            "charts/sampled_tokens_mean": sum(e["n_sampled"] for e in episodes) / len(episodes),
+            "charts/episode_tokens_mean": sum(e["n_tokens"] for e in episodes) / len(episodes),
+            "policy/entropy_estimate": _entropy_estimate(episodes),
             **adv_metrics,
             **w_metrics,
             **loss_metrics,
@@ -536,40 +580,77 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
             "interface/cues": active_cues(active),
             "time/rollout_s": round(t_rollout, 2),
             "time/update_s": round(t_update, 2),
+            "time/step_s": round(time.perf_counter() - t0, 2),
         }
-        rows = trajectory_rows(step, G, trajs, verdicts, diagnoses, weights.tolist(), adv.tolist())
-        write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
-        write_json(
-            run_dir / "rounds" / f"step_{step:04d}.json",
-            {"step": step, "interface_used": active, "profile": profile, "rho": state.rho},
-        )
-        print_samples(rows, cfg.train.print_samples, step)
+        rows = trajectory_rows(step, G, episodes, weights.tolist(), adv.tolist())
+        if is_main():
+            write_jsonl_gz(run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
+            write_json(
+                run_dir / "rounds" / f"step_{step:04d}.json",
+                {"step": step, "interface_used": active, "profile": profile, "rho": state.rho},
+            )
+            print_samples(rows, cfg.train.print_samples, step)
 
-        # 8. held-in evaluation (bare benchmark, no interface) and checkpoint
+        # 8. held-in evaluation (bare benchmark, no interface; split over the ranks) and checkpoint
         state.step, state.profile = step + 1, profile
         if cfg.train.eval_every and state.step % cfg.train.eval_every == 0 and state.step < cfg.train.steps:
             row.update(evaluate_during_training(policy, cfg, split["eval"], run_dir, f"step_{state.step:04d}"))
         metrics_rows.append(row)
-        write_metrics(run_dir, metrics_rows)
-        tracker.log(row, rows)  # the live views (TensorBoard, W&B) the recipe asks for
-        if state.step % cfg.train.save_every == 0 or state.step == cfg.train.steps:
-            save_checkpoint(run_dir, policy, optimizer, scheduler, state)
+        if is_main():
+            write_metrics(run_dir, metrics_rows)
+            tracker.log(row, rows)  # the live views (TensorBoard, W&B) the recipe asks for
+            if state.step % cfg.train.save_every == 0 or state.step == cfg.train.steps:
+                save_checkpoint(run_dir, policy, optimizer, scheduler, state)
         tqdm.write(
             f"[train] step {step}: reward {row['charts/reward']:.3f} "
             f"loss {row.get('losses/loss', float('nan')):.4f} kl {row.get('losses/kl_ref', 0.0):.4f} "
             f"weights {row['weights/mean']:.2f} ({t_rollout:.0f}s rollout, {t_update:.0f}s update)"
         )
-    tracker.close()
-    with new_dir(run_dir / "adapter") as tmp:
-        save_adapter(policy, tmp)
+    if is_main():
+        tracker.close()
+        with new_dir(run_dir / "adapter") as tmp:
+            save_adapter(policy, tmp)
     return run_dir, policy
 
 
-def _entropy_estimate(trajs: list[Trajectory]) -> float:
+def episode_records(trajs: list[Trajectory], verdicts: list, diagnoses: list) -> list[dict]:
+    """What the rest of the round needs of each finished episode, as plain data (ranks exchange these)."""
+    return [
+        {
+            "task_id": t.task_id,
+            "category": t.env.task.category,
+            "reward": v.reward,
+            "error_type": v.error_type,
+            "labels": [d.label for d in z],
+            "reasons": [d.reason + (f" [{d.detail}]" if d.detail else "") for d in z],
+            "truncated": t.truncated,
+            "n_sampled": t.n_sampled,
+            "n_tokens": len(t.input_ids),
+            "messages": t.messages,
+            # -sum log p of the sampled tokens, for the entropy estimate
+            "surprisal": sum(-lp for lp, m in zip(t.old_logprobs, t.loss_mask, strict=True) if m),
+        }
+        for t, v, z in zip(trajs, verdicts, diagnoses, strict=True)
+    ]
+
+
+def _entropy_estimate(episodes: list[dict]) -> float:
     """-mean log p of the sampled tokens: a Monte Carlo estimate of the sampling policy's entropy."""
-    total = sum(-lp for t in trajs for lp, m in zip(t.old_logprobs, t.loss_mask, strict=True) if m)
-    count = sum(sum(t.loss_mask) for t in trajs)
-    return total / max(count, 1)
+    return sum(e["surprisal"] for e in episodes) / max(sum(e["n_sampled"] for e in episodes), 1)
+
+
+def adapter_checksum(policy) -> float:
+    """Sum of every LoRA weight in float64: ranks that took the same steps hold the same number."""
+    return float(sum(p.detach().double().sum() for p in policy.trainable_parameters()))
+
+
+def package_versions() -> dict[str, str]:
+    """The versions whose code shapes a run (every rank must run the same)."""
+    import transformers
+
+    from seal_mini import __version__
+
+    return {"seal_mini": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def resume_config(run_dir: Path, recipe: str | None, overrides: list[str]) -> Config:
