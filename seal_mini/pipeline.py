@@ -4,29 +4,85 @@ Evaluation is held-in BFCL V3, then each out-of-distribution suite the recipe na
 
 Re-running the same command after a stop continues where it stopped: training resumes from the last
 checkpoint, evaluation from its last finished piece; finished work is never redone.
+
+Under torchrun every rank runs this (seal_mini.distributed). Several recipes are independent runs: each
+becomes its own pipeline process, placed on its own GPUs (seal_mini.placement), its output in
+<out_dir>/<name>.log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from seal_mini.config import load_config
-from seal_mini.runio import FileError, read_json, run_lock
+from seal_mini.config import ConfigError, load_config
+from seal_mini.distributed import is_main, on_main, run_lock, world_size
+from seal_mini.runio import FileError, read_json
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini pipeline", description="train, evaluate, report")
     parser.add_argument("recipe", help="recipes/X.yaml")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("more", nargs="*", help="more recipes (each its own run, side by side), then key.sub=value")
     parser.add_argument("--restart", action="store_true", help="move what the run directory holds aside, start over")
+    parser.add_argument(
+        "--gpus-per-run", type=int, default=1, help="with several recipes: GPUs (ranks under torchrun) each run gets"
+    )
     args = parser.parse_args(argv)
-    cfg = load_config(args.recipe, args.overrides)
+    recipes = [args.recipe] + [a for a in args.more if a.endswith((".yaml", ".yml"))]
+    overrides = [a for a in args.more if not a.endswith((".yaml", ".yml"))]
+    if len(recipes) > 1:
+        return run_side_by_side(recipes, overrides, args.gpus_per_run, args.restart)
+    cfg = load_config(args.recipe, overrides)
     from seal_mini.ood import check_suites
 
     check_suites(cfg)  # a missing optional extra is an error now, not after training
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
         return pipeline(cfg, args.restart)
+
+
+def run_side_by_side(recipes: list[str], overrides: list[str], gpus_per_run: int, restart: bool) -> int:
+    """Several recipes: each its own pipeline, on its own GPUs, as many at once as the GPUs allow
+    (seal_mini.placement); without a GPU one after another. Exit code 1 if any run failed."""
+    from seal_mini.ood import check_suites
+    from seal_mini.placement import Job, failure_report, launch_command, run_placed, visible_gpus
+
+    if world_size() > 1:
+        raise ConfigError("several recipes place their own runs on the GPUs; start them without torchrun")
+    configs = [load_config(recipe, overrides) for recipe in recipes]
+    seen: dict = {}
+    for recipe, cfg in zip(recipes, configs, strict=True):
+        if cfg.run_dir.resolve() in seen:
+            raise ConfigError(
+                f"{seen[cfg.run_dir.resolve()]} and {recipe} both run in {cfg.run_dir}; give each recipe its own name"
+            )
+        seen[cfg.run_dir.resolve()] = recipe
+        check_suites(cfg)  # a missing optional extra is an error now, not after training
+    options = ["--restart"] if restart else []
+    jobs = [
+        Job(
+            cfg.name,
+            launch_command(["pipeline", recipe, *overrides, *options], gpus_per_run),
+            cfg.run_dir.parent / f"{cfg.name}.log",
+        )
+        for recipe, cfg in zip(recipes, configs, strict=True)
+    ]
+    outcomes = run_placed(jobs, visible_gpus(), gpus_per_run)
+    failed = failure_report(outcomes)
+    if failed:
+        print(failed, file=sys.stderr)
+    print(
+        json.dumps(
+            {
+                "runs": {
+                    o.job.name: {"run_dir": str(c.run_dir), "exit_code": o.returncode}
+                    for o, c in zip(outcomes, configs, strict=True)
+                }
+            }
+        )
+    )
+    return 1 if failed else 0
 
 
 def finished(path, source: str) -> dict | None:
@@ -60,13 +116,15 @@ def pipeline(cfg, restart: bool = False) -> int:
         # held-in BFCL V3 (Table 1), then the out-of-distribution suites the recipe names (Table 2)
         for suite in ["bfcl_v3", *cfg.ood.suites]:
             tag = which if suite == "bfcl_v3" else f"{suite}_{which}"
-            done = finished(run_dir / "eval" / f"{tag}.json", source)
+            done = on_main(finished, run_dir / "eval" / f"{tag}.json", source)
             if done is not None:  # finished before a stop: keep it
                 (results if suite == "bfcl_v3" else suite_results).append(done)
             elif suite == "bfcl_v3":
                 results.append(evaluate(agent, tasks, cfg, run_dir / "eval", tag, source=source))
             else:
                 suite_results.append(run_suite(suite, agent, cfg, run_dir / "eval", tag, source=source))
+    if not is_main():  # rank 0 writes the report
+        return 0
     for result in results:
         print_table(result)
     for result in suite_results:
