@@ -2,6 +2,8 @@
 # seal_mini entry point.
 #   bash run.sh [recipes/X.yaml] [key.sub=value ...]   set up .venv, then train -> eval -> report
 #   bash run.sh test [pytest args]                    set up .venv, then run the tests
+#   SEAL_MINI_GPUS=N bash run.sh ...                  the same on N GPUs (N ranks under torchrun); =all: every
+#                                                     visible GPU (CUDA_VISIBLE_DEVICES, else all nvidia-smi lists)
 # Optional extras are installed when the recipe needs them, and for the tests: requirements-ood.txt when it
 # names ood.suites, requirements-log.txt when its log.backends name tensorboard.
 set -euo pipefail
@@ -79,4 +81,16 @@ setup
 extras=$(recipe_extras "$recipe" "$@")
 if [[ "$extras" == *ood* ]]; then setup_extra requirements-ood.txt; fi
 if [[ "$extras" == *log* ]]; then setup_extra requirements-log.txt; fi
+ranks=${SEAL_MINI_GPUS:-1}
+if [ "$ranks" = "all" ]; then
+  ranks=$("$PY" -c 'from seal_mini.placement import visible_gpus; print(len(visible_gpus()))')
+  if [ "$ranks" -lt 1 ]; then echo "[run.sh] SEAL_MINI_GPUS=all, but no GPU is visible" >&2; exit 2; fi
+fi
+if ! [[ "$ranks" =~ ^[1-9][0-9]*$ ]]; then
+  echo "[run.sh] SEAL_MINI_GPUS=$SEAL_MINI_GPUS: give a number of GPUs (e.g. 4) or all" >&2; exit 2
+fi
+if [ "$ranks" -gt 1 ]; then
+  echo "[run.sh] data parallel over $ranks ranks: torchrun --standalone --nproc-per-node $ranks"
+  exec "$PY" -m torch.distributed.run --standalone --nproc-per-node "$ranks" -m seal_mini pipeline "$recipe" "$@"
+fi
 exec "$PY" -m seal_mini pipeline "$recipe" "$@"
