@@ -20,7 +20,10 @@ COMMANDS = {
     "dataset": ("seal_mini.runs", "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)"),
     "export": ("seal_mini.export", "the trained adapter with a model card; --merged for a merged model; --push-to-hub"),
     "chat": ("seal_mini.play", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
-    "bench": ("seal_mini.bench", "benchmarks that print numbers (bench rollout: batched vs one-at-a-time rollouts)"),
+    "bench": (
+        "seal_mini.bench",
+        "benchmarks that print numbers (rollout: batched vs one at a time; ranks: 1 process vs N)",
+    ),
     "preflight": ("seal_mini.preflight", "memory and speed of a recipe on this machine, random weights, no download"),
 }
 

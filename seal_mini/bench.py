@@ -1,4 +1,11 @@
-"""Benchmarks that print numbers: `python -m seal_mini bench rollout [options] [key.sub=value ...]`.
+"""Benchmarks that print numbers: `python -m seal_mini bench {rollout,ranks} [options] [key.sub=value ...]`.
+
+ranks: the same training steps (RANKS_WORKLOAD) run by `python -m seal_mini train` in one process and
+under torchrun on --ranks processes (gloo on the CPU), alternating, --repeats times each. The time per
+step is metrics.jsonl's time/step_s (rank 0's wall time from the rollouts to the update's end), first step
+left out. One process runs twice, on every CPU core and on one rank's share of them (threads fight over
+cores when the machine is busy, which can slow a multi-threaded process far more than the split gains);
+each rank gets its share. The load average is printed next to every run: other work takes cores from all.
 
 rollout: the batched engine against one episode at a time, on the same tiny random model and the same
 BFCL tasks (the first episodes/4 of each category, one episode each), greedy, in one process. Both
@@ -95,14 +102,90 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
     }
 
 
+RANKS_WORKLOAD = {
+    "name": "bench",
+    "device": "cpu",
+    "model": {"name": "tiny-random", "gradient_checkpointing": False},
+    "data": {"max_train_tasks": 16},
+    "rollout": {"group_size": 4, "max_new_tokens": 32, "max_response_tokens": 256},
+    "train": {"steps": 3, "tasks_per_step": 8, "mini_batch_tasks": 4, "micro_batch": 4, "eval_every": 0},
+}
+"""The fixed workload of `bench ranks`: three steps of 8 tasks x 4 episodes, tiny random model, on the CPU."""
+
+
+def bench_ranks(ranks: int, repeats: int, overrides: list[str]) -> dict:
+    """The same training steps in one process and on `ranks` processes (torchrun, gloo), alternating."""
+    import os
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from seal_mini.placement import launch_command
+    from seal_mini.runio import read_metrics
+
+    if ranks < 2 or repeats < 1:
+        raise ConfigError("bench ranks: --ranks must be at least 2 and --repeats at least 1")
+    load_config(None, overrides)  # a bad override is named now, not inside a child process
+    cores = os.cpu_count() or 1
+    share = max(cores // ranks, 1)
+    variants = [  # (label, processes, threads each): one process on every core, then on one rank's share
+        (f"1 process x {cores} threads", 1, cores),
+        (f"1 process x {share} threads", 1, share),
+        (f"{ranks} ranks x {share} threads", ranks, share),
+    ]
+    times: dict[str, list[float]] = {label: [] for label, _, _ in variants}
+    walls: dict[str, list[float]] = {label: [] for label, _, _ in variants}
+    with tempfile.TemporaryDirectory() as folder:
+        recipe = Path(folder) / "bench.yaml"
+        recipe.write_text(yaml.safe_dump(RANKS_WORKLOAD))
+        for repeat in range(repeats):
+            for label, processes, threads in variants:
+                out = Path(folder) / f"{processes}_{repeat}"
+                command = launch_command(["train", str(recipe), f"out_dir={out}", *overrides], processes)
+                env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+                load = os.getloadavg()[0]
+                started = time.perf_counter()
+                proc = subprocess.run(command, env=env, capture_output=True, text=True)
+                wall = time.perf_counter() - started
+                if proc.returncode != 0:
+                    raise ConfigError(f"bench ranks: {label} failed:\n{proc.stderr[-2000:]}")
+                steps = [r["time/step_s"] for r in read_metrics(out / "bench")][1:]  # the first step warms up
+                times[label].append(sum(steps) / len(steps))
+                walls[label].append(wall)
+                print(
+                    f"{label:>26}: {times[label][-1]:.2f} s per step (steps 1-{len(steps)}), {wall:.1f} s in all "
+                    f"(start-up included); load average before {load:.2f}",
+                    flush=True,
+                )
+    all_cores, one_share, many = (sum(times[label]) / repeats for label, _, _ in variants)
+    return {
+        "bench": "ranks",
+        "workload": "3 steps x 8 tasks x 4 episodes, tiny-random, 32 new tokens per message",
+        "ranks": ranks,
+        "cpu_cores": cores,
+        "step_s": {label: [round(t, 2) for t in ts] for label, ts in times.items()},
+        "wall_s": {label: [round(t, 1) for t in ts] for label, ts in walls.items()},
+        "speedup_over_1_process_all_cores": round(all_cores / many, 2),
+        "speedup_over_1_process_same_threads": round(one_share / many, 2),
+        "load_average_1min_after": round(os.getloadavg()[0], 2),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini bench", description=__doc__.splitlines()[0])
-    parser.add_argument("which", choices=["rollout"])
-    parser.add_argument("--episodes", type=int, default=32, help="episodes, one per distinct BFCL task")
-    parser.add_argument("--concurrent", type=int, default=16, help="episodes generating at once when batched")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per model call")
+    parser.add_argument("which", choices=["rollout", "ranks"])
+    parser.add_argument("--episodes", type=int, default=32, help="rollout: episodes, one per distinct BFCL task")
+    parser.add_argument("--concurrent", type=int, default=16, help="rollout: episodes generating at once when batched")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="rollout: tokens per model call")
+    parser.add_argument("--ranks", type=int, default=2, help="ranks: processes of the data-parallel run")
+    parser.add_argument("--repeats", type=int, default=2, help="ranks: runs of each, alternating")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     args = parser.parse_args(argv)
-    result = bench_rollout(args.episodes, args.concurrent, args.max_new_tokens, args.overrides)
+    if args.which == "ranks":
+        result = bench_ranks(args.ranks, args.repeats, args.overrides)
+    else:
+        result = bench_rollout(args.episodes, args.concurrent, args.max_new_tokens, args.overrides)
     print(json.dumps(result))
     return 0

@@ -18,7 +18,7 @@ share a GPU use gloo for everything. torchrun's elastic agent watches the proces
 the others and prints a summary naming the rank that failed first and its error.
 
 In one process (no torchrun, or torchrun with one process) torch.distributed is never initialised and
-every function here is the identity: the kit runs exactly as it does without this module.
+every collective here is the identity: the kit runs exactly as it does without this module.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def run_command(command_main: Callable[[list[str]], int], argv: list[str]) -> in
     try:
         return command_main(argv)
     except (ConfigError, FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"{'[rank 0] ' if is_main() else ''}error: {e}", file=sys.stderr, flush=True)  # others: prefixed
         handler.record_exception(e)
         return 1 if isinstance(e, RankStopped) else 2
     except BaseException as e:  # anything else: the traceback, here and in torchrun's summary
@@ -149,6 +149,8 @@ def _collective(what: str) -> Iterator[None]:
     """Turn the failure of a collective into RankStopped, which says what this rank was doing."""
     try:
         yield
+    except torch.OutOfMemoryError:  # a RuntimeError too, but this rank's own trouble
+        raise
     except RuntimeError as e:  # gloo and NCCL report a lost peer as RuntimeError (or torch's DistError)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RankStopped(
@@ -280,6 +282,16 @@ def check_same(what: str, value: dict) -> None:
                 f"rank {r} runs with other {what} than rank 0 ({shown}{'; ...' if len(differ) > 5 else ''}); "
                 "start every rank with the same command, recipe and packages"
             )
+
+
+def check_same_weights(params: list[torch.nn.Parameter]) -> None:
+    """Refuse to go on when the ranks' weights differ (they must take identical steps): compares the
+    float64 sum and sum of squares of every tensor. Nothing to compute in one process."""
+    if world_size() == 1:
+        return
+    with torch.no_grad():  # one (tensors, 2) array, one copy from the GPU
+        sums = torch.stack([torch.stack([p.double().sum(), p.double().square().sum()]) for p in params]).tolist()
+    check_same("adapter weights after the update", {f"tensor {i}": s for i, s in enumerate(sums)})
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:

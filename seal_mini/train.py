@@ -48,6 +48,7 @@ from seal_mini.distributed import (
     all_reduce_sum,
     all_reduce_sums,
     check_same,
+    check_same_weights,
     gather_in_order,
     is_main,
     on_main,
@@ -546,7 +547,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         t1 = time.perf_counter()
         loss_metrics = update(policy, optimizer, scheduler, trajs, adv[mine], cfg, positions=mine)
         t_update = time.perf_counter() - t1
-        check_same("adapter weights after the update", {"checksum": adapter_checksum(policy)})
+        check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 
         # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t); rho moves only in the ema variant
         active = state.interface.to_dict() if state.interface else {}
@@ -637,11 +638,6 @@ def episode_records(trajs: list[Trajectory], verdicts: list, diagnoses: list) ->
 def _entropy_estimate(episodes: list[dict]) -> float:
     """-mean log p of the sampled tokens: a Monte Carlo estimate of the sampling policy's entropy."""
     return sum(e["surprisal"] for e in episodes) / max(sum(e["n_sampled"] for e in episodes), 1)
-
-
-def adapter_checksum(policy) -> float:
-    """Sum of every LoRA weight in float64: ranks that took the same steps hold the same number."""
-    return float(sum(p.detach().double().sum() for p in policy.trainable_parameters()))
 
 
 def package_versions() -> dict[str, str]:
