@@ -294,8 +294,15 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restor
 
 # --- starting or continuing a run -------------------------------------------------------------------
 
-LEFTOVERS = ("metrics.jsonl", "rounds", "trajectories", "eval", "adapter", "report", "checkpoint")
-"""What a training attempt writes into its run directory besides config.yaml and split.json."""
+LEFTOVERS = ("metrics.jsonl", "rounds", "trajectories", "adapter", "report", "checkpoint")
+"""What a training attempt writes into its run directory besides config.yaml, split.json and its held-in
+evaluations (eval/step_NNNN*). eval/ also holds evaluations made by `eval` alone (the backbone measured
+before training, say): those are not training's to clear or to count."""
+
+
+def _step_of(path: Path) -> int | None:
+    """N of a training output named step_NNNN[.json|.jsonl.gz|.partial|...], else None."""
+    return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else None
 
 
 def saved_config(run_dir: Path) -> Config:
@@ -316,17 +323,13 @@ def results_past_first_checkpoint(run_dir: Path, cfg: Config) -> list[str]:
     leaves outputs of its first steps alone; those are run again anyway, so they may be cleared."""
     tc = (saved_config(run_dir) if (run_dir / "config.yaml").exists() else cfg).train
     first = min(tc.save_every, tc.steps)  # LoopState.step of the first checkpoint: steps 0..first-1 precede it
-
-    def step(path: Path) -> int:  # step_NNNN[.json|.jsonl.gz|.partial|...]
-        return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else 1 << 30
-
     past = ["metrics.jsonl"] if any(r.get("step", first) >= first for r in read_metrics(run_dir)) else []
     for folder in ("rounds", "trajectories", "eval"):
         # held-in evaluations during training are tagged with the LoopState.step they follow, hence the +1
         last = first + (folder == "eval") - 1
-        if any(step(p) > last for p in (run_dir / folder).glob("*") if not p.name.startswith(".")):
+        if any((_step_of(p) or 0) > last for p in (run_dir / folder).glob("step_*")):
             past.append(f"{folder}/")
-    return past + [f"{name}/" for name in ("adapter", "report") if (run_dir / name).exists()]
+    return past + ["adapter/"] * (run_dir / "adapter").exists()
 
 
 def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
@@ -361,8 +364,9 @@ def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
             f"({run_dir / 'checkpoint'} is missing or empty); restore it, or start again with --restart "
             "(moves these results aside, deletes nothing)"
         )
-    for leftover in LEFTOVERS:  # an attempt stopped before its first checkpoint: its steps are run again
-        path = run_dir / leftover
+    # an attempt stopped before its first checkpoint: its steps are run again
+    leftovers = [run_dir / name for name in LEFTOVERS] + list((run_dir / "eval").glob("step_*"))
+    for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
