@@ -40,6 +40,7 @@ from seal_mini.config import (
     changed_settings,
     config_from_dict,
     load_config,
+    saved_config,
 )
 from seal_mini.device import MemoryLimits, release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
@@ -59,7 +60,6 @@ from seal_mini.runio import (
     read_metrics,
     read_safetensors,
     read_torch,
-    read_yaml,
     run_lock,
     write_json,
     write_jsonl_gz,
@@ -305,19 +305,6 @@ def _step_of(path: Path) -> int | None:
     return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else None
 
 
-def saved_config(run_dir: Path) -> Config:
-    """The config a run directory was made with (its config.yaml)."""
-    path = Path(run_dir) / "config.yaml"
-    fix = "restore it (the config the run was made with), or start the run again with --restart"
-    data = read_yaml(path, fix)
-    if not isinstance(data, dict):
-        raise FileError(f"{path}: not a mapping of settings; {fix}")
-    try:
-        return config_from_dict(data)
-    except ConfigError as e:
-        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
-
-
 def results_past_first_checkpoint(run_dir: Path, cfg: Config) -> list[str]:
     """What in run_dir only a run that got to its first checkpoint writes. An attempt stopped before it
     leaves outputs of its first steps alone; those are run again anyway, so they may be cleared."""
@@ -420,7 +407,7 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: 
     from seal_mini.evaluate import ModelAgent, evaluate
 
     tasks = pick(eval_ids, cfg.data.max_eval_tasks)
-    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag, source=f"{run_dir.name} {tag}")
+    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag, source=f"adapter at {tag}")
     return {f"eval/{k}": v for k, v in result["success"].items()}
 
 
