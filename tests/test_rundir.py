@@ -340,6 +340,12 @@ def test_pipeline_continues_a_run_named_by_another_path(tmp_path, capsys, monkey
     rc, out, err = cli(capsys, "pipeline", recipe, "out_dir=moved")
     assert rc == 0 and f"{result.relative_to(tmp_path)}: not valid JSON" in out and "evaluating again" in out
     assert json.loads(result.read_text())["tag"] == "adapter"
+    # renamed too: the finished evaluations are the same policy's and are kept, not made again
+    shutil.move(tmp_path / "moved" / "tiny", tmp_path / "moved" / "renamed")
+    finished = snapshot(tmp_path / "moved" / "renamed" / "eval")
+    rc, out, err = cli(capsys, "pipeline", recipe, "out_dir=moved", "name=renamed")
+    assert rc == 0, err[-2000:]
+    assert snapshot(tmp_path / "moved" / "renamed" / "eval") == finished
 
 
 # --- one writer per run directory -------------------------------------------------------------------
