@@ -84,7 +84,8 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
     rate_many = many["stats"].sampled_tokens / many["seconds"]
     return {
         "bench": "rollout",
-        "model": "tiny-random",
+        "model": cfg.model.name,
+        "device": str(policy.device),
         "episodes": len(tasks),
         "concurrent": concurrent,
         "max_new_tokens": max_new_tokens,

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, Config, ConfigError
+from seal_mini.runio import read_text
 
 # bfcl-eval writes lock files under BFCL_PROJECT_ROOT (next to site-packages by default); point it at
 # a scratch folder before the package is first imported.
@@ -180,7 +181,7 @@ def read_split_file(path: str | Path) -> dict[str, list[str]]:
     if not path.is_file():
         raise ConfigError(f"data.split_file: {path} does not exist")
     try:
-        split = json.loads(path.read_text())
+        split = json.loads(read_text(path, "save it as UTF-8 JSON text"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"data.split_file: {path} is not JSON ({e})") from None
     if not isinstance(split, dict) or not {"train", "eval"} <= set(split):

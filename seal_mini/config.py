@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from seal_mini.runio import read_text
+from seal_mini.runio import FileError, read_text, read_yaml
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
@@ -318,7 +318,8 @@ class TrainConfig:
     diagnose: bool = True
     """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
     eval_every: int = 12
-    """Held-in evaluation every N steps (0 = only at the end)."""
+    """Held-in evaluation during training every N steps, before the last (0 = none). The pipeline evaluates
+    the backbone and the final adapter after training in any case."""
     save_every: int = 1
     """Checkpoint every N steps."""
     print_samples: int = 2
@@ -627,6 +628,19 @@ def config_from_dict(data: dict, overrides: list[str] | tuple = ()) -> Config:
     cfg = _build(Config, data)
     cfg.validate()
     return cfg
+
+
+def saved_config(run_dir: str | Path) -> Config:
+    """The config a run directory was made with (its config.yaml); a damaged one is a FileError naming it."""
+    path = Path(run_dir) / "config.yaml"
+    fix = "restore it (the config the run was made with), or start the run again with --restart"
+    data = read_yaml(path, fix)
+    if not isinstance(data, dict):
+        raise FileError(f"{path}: not a mapping of settings; {fix}")
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
 
 
 # --- what a continuing run may change -----------------------------------------------------------

@@ -18,25 +18,38 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import shutil
 from pathlib import Path
 
 import yaml
 
 from seal_mini import __version__
-from seal_mini.config import CATEGORIES, Config, ConfigError, config_from_dict
-from seal_mini.runio import atomic_write_text, read_json, read_metrics
+from seal_mini.config import CATEGORIES, Config, ConfigError, saved_config
+from seal_mini.runio import atomic_write_text, new_dir, read_json, read_metrics, run_lock
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+EXPORT_MARK = "seal_mini_config.yaml"
+"""The run's recipe, written into every export: also how an earlier export is told from other folders."""
 
 
 def run_config(run_dir: Path) -> Config:
     """The resolved config a run was trained with (RUN_DIR/config.yaml)."""
-    path = run_dir / "config.yaml"
-    if not path.is_file():
+    if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: no config.yaml; give a run directory (runs/<name>)")
-    return config_from_dict(yaml.safe_load(path.read_text()))
+    return saved_config(run_dir)
+
+
+def writable(out: Path, force: bool) -> Path:
+    """`out` if an export may go there: a new or empty folder, or an earlier export (replaced whole).
+    Anything else is refused rather than deleted, unless `force`."""
+    if out.is_dir() and any(out.iterdir()) and not (out / EXPORT_MARK).is_file() and not force:
+        raise ConfigError(
+            f"{out} is a folder that holds something other than an export; name a new folder, or add --force "
+            "to replace it"
+        )
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; name a folder for the export")
+    return out
 
 
 def trained_adapter(run_dir: Path) -> Path:
@@ -130,25 +143,21 @@ def model_card(run_dir: Path, cfg: Config, base_model: str, merged: bool = False
 # --- export -------------------------------------------------------------------------------------------
 
 
-def export_adapter(run_dir: Path, out: Path) -> Path:
+def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
     """Copy the trained adapter and write its model card and the run's recipe beside it."""
     cfg = run_config(run_dir)
     adapter = trained_adapter(run_dir)
-    base_model = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or (
-        cfg.model.name
-    )
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(adapter, tmp)
-    atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, base_model))
-    shutil.copyfile(run_dir / "config.yaml", tmp / "seal_mini_config.yaml")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    adapter_config = read_json(adapter / "adapter_config.json", f"finish or resume the training of {run_dir}")
+    base_model = adapter_config.get("base_model_name_or_path") or cfg.model.name
+    with new_dir(writable(out, force)) as tmp:
+        for name in ADAPTER_FILES:
+            shutil.copyfile(adapter / name, tmp / name)
+        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, base_model))
+        shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 
 
-def export_merged(run_dir: Path, out: Path, dtype: str = "bfloat16", device: str = "cpu") -> Path:
+def export_merged(run_dir: Path, out: Path, dtype: str = "bfloat16", device: str = "cpu", force: bool = False) -> Path:
     """The base in `dtype` (never 4-bit) with the adapter merged in, saved as a plain transformers model."""
     import torch
     from peft import PeftModel
@@ -161,17 +170,14 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "bfloat16", device: str
     cfg.model.cpu_4bit = False
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype}: choose from {sorted(DTYPES)}")
+    writable(out, force)
     base, tokenizer = load_hf_base(cfg, torch.device(device), DTYPES[dtype])
     model = PeftModel.from_pretrained(base, str(trained_adapter(run_dir))).merge_and_unload()
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
-    tokenizer.save_pretrained(str(tmp))
-    atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, cfg.model.name, merged=True))
-    shutil.copyfile(run_dir / "config.yaml", tmp / "seal_mini_config.yaml")
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with new_dir(out) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, cfg.model.name, merged=True))
+        shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 
 
@@ -193,15 +199,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", default="bfloat16", help="merged weights' dtype: bfloat16 | float16 | float32")
     parser.add_argument("--device", default="cpu", help="where to merge (cpu needs the base's size in RAM)")
     parser.add_argument("--push-to-hub", metavar="REPO", help="upload the adapter (and REPO-merged) to the Hub")
+    parser.add_argument("--force", action="store_true", help="replace an --out / --merged folder that is not an export")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
-    out = export_adapter(run_dir, Path(args.out) if args.out else run_dir / "export")
-    print(f"[export] adapter and model card: {out}")
-    summary = {"adapter": str(out)}
+    run_config(run_dir)  # a clear error for a folder that is not a run, before taking its lock
+    out = writable(Path(args.out) if args.out else run_dir / "export", args.force)
     if args.merged:
-        merged = export_merged(run_dir, Path(args.merged), args.dtype, args.device)
-        print(f"[export] merged {args.dtype} model: {merged}")
-        summary["merged"] = str(merged)
+        writable(Path(args.merged), args.force)  # both destinations checked before anything is written
+    with run_lock(run_dir, " ".join([parser.prog, *argv])):  # no training may rewrite the adapter meanwhile
+        export_adapter(run_dir, out, args.force)
+        print(f"[export] adapter and model card: {out}")
+        summary = {"adapter": str(out)}
+        if args.merged:
+            merged = export_merged(run_dir, Path(args.merged), args.dtype, args.device, args.force)
+            print(f"[export] merged {args.dtype} model: {merged}")
+            summary["merged"] = str(merged)
     if args.push_to_hub:
         summary["hub"] = push(out, args.push_to_hub)
         if args.merged:

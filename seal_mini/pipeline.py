@@ -111,7 +111,8 @@ def pipeline(cfg, restart: bool = False) -> int:
     for which, adapter in [("base", False), ("adapter", True)]:
         if which == "base" and not cfg.eval.base_model:
             continue
-        source = f"{run_dir.name}: {'adapter after ' + str(cfg.train.steps) + ' steps' if adapter else 'backbone'}"
+        # what made the policy, without the run's name: a moved or renamed run keeps its finished results
+        source = f"adapter after {cfg.train.steps} steps" if adapter else "backbone"
         agent = ModelAgent(policy, cfg, adapter=adapter)
         # held-in BFCL V3 (Table 1), then the out-of-distribution suites the recipe names (Table 2)
         for suite in ["bfcl_v3", *cfg.ood.suites]:

@@ -15,7 +15,6 @@ This is the evaluation setting: the real back ends, no training-time interface, 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -24,6 +23,7 @@ from pathlib import Path
 from seal_mini.bfcl import tasks_by_id
 from seal_mini.config import ConfigError
 from seal_mini.env import Episode, StepResult
+from seal_mini.runio import FileError, read_json
 
 Ask = Callable[[int, str], str]
 """(turn index, the task's own user text) -> the text to send."""
@@ -159,7 +159,10 @@ def main(argv: list[str]) -> int:
 
 
 def _first_held_in(run_dir: Path) -> str:
-    split = run_dir / "split.json"
-    if not split.exists():
+    path = run_dir / "split.json"
+    if not path.exists():
         raise ConfigError(f"{run_dir}: no split.json; name a task with --task")
-    return json.loads(split.read_text())["eval"][0]
+    split = read_json(path, "name a task with --task, or restore split.json")
+    if not isinstance(split, dict) or not split.get("eval"):
+        raise FileError(f"{path}: holds no held-in task ids; name a task with --task")
+    return split["eval"][0]

@@ -5,7 +5,7 @@
       config.yaml             resolved config (what actually ran)
       split.json              train / eval task ids
       metrics.jsonl           one JSON line per training step (namespaced keys)
-      rounds/step_NNNN.json   interface state, failure profile, rho and label counts of each round
+      rounds/step_NNNN.json   interface used, failure profile (label counts, prevalence, success) and rho
       trajectories/step_NNNN.jsonl.gz   every training trajectory: messages, reward, labels, weight
       eval/<tag>.json         evaluation results (+ eval/<tag>.trajectories.jsonl.gz)
       checkpoint/step_NNNN/   adapter, optimizer, scheduler, RNG states, loop state (the two newest steps)

@@ -33,8 +33,8 @@ import json
 import re
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, ConfigError
-from seal_mini.runio import read_json, read_jsonl_gz
+from seal_mini.config import CATEGORIES, ConfigError, saved_config
+from seal_mini.runio import new_dir, read_json, read_jsonl_gz, run_lock
 
 SPLITS = ("trajectories", "turns", "eval", "suites")
 
@@ -121,7 +121,7 @@ def _category(task_id: str) -> str:
     return m.group(1) if m and m.group(1) in CATEGORIES else ""
 
 
-def trajectory_rows(run_dir: Path) -> list[dict]:
+def read_trajectories(run_dir: Path) -> list[dict]:
     """Every training rollout of a run, in step and then rollout order."""
     run_dir = Path(run_dir)
     group_size = _group_size(run_dir)
@@ -212,20 +212,20 @@ def eval_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
 
 
 def _group_size(run_dir: Path) -> int:
-    config = run_dir / "config.yaml"
-    if not config.exists():
-        return 1
-    import yaml
+    """G of the run (rows of older runs do not record their sample index)."""
+    return saved_config(run_dir).rollout.group_size if (run_dir / "config.yaml").exists() else 1
 
-    return int((yaml.safe_load(config.read_text()) or {}).get("rollout", {}).get("group_size", 1))
+
+def require_run_dir(run_dir: Path) -> Path:
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").is_dir():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml or eval/); give runs/<name>")
+    return run_dir
 
 
 def tables(run_dir: Path) -> dict[str, list[dict]]:
     """Every split of a run as plain rows (the lists the datasets are built from)."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").is_dir():
-        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml or eval/); give runs/<name>")
-    trajectories = trajectory_rows(run_dir)
+    run_dir = require_run_dir(Path(run_dir))
+    trajectories = read_trajectories(run_dir)
     held_in, suites = eval_rows(run_dir)
     return {"trajectories": trajectories, "turns": turn_rows(trajectories), "eval": held_in, "suites": suites}
 
@@ -243,20 +243,18 @@ def load(run_dir: str | Path):
 
 
 def write_parquet(run_dir: str | Path, out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Write every split as <out_dir>/<split>.parquet (default RUN_DIR/datasets); returns the paths."""
-    import os
-
+    """Write every split as <out_dir>/<split>.parquet (default RUN_DIR/datasets), the folder replaced whole
+    so a reader never sees half of it; returns the paths. A folder holding anything else is refused."""
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / "datasets"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, dataset in load(run_dir).items():
-        path = out_dir / f"{split}.parquet"
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        dataset.to_parquet(str(tmp))
-        os.replace(tmp, path)  # a reader never sees half a file
-        paths[split] = path
-    return paths
+    ours = {f"{split}.parquet" for split in SPLITS}
+    if out_dir.is_dir() and not {p.name for p in out_dir.iterdir()} <= ours:
+        raise ConfigError(f"{out_dir} holds files other than {sorted(ours)}; name a new or empty folder with --out")
+    datasets = load(run_dir)
+    with new_dir(out_dir) as tmp:
+        for split, dataset in datasets.items():
+            dataset.to_parquet(str(tmp / f"{split}.parquet"))
+    return {split: out_dir / f"{split}.parquet" for split in datasets}
 
 
 def main(argv: list[str]) -> int:
@@ -266,7 +264,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run_dir", help="runs/<name>")
     parser.add_argument("--out", help="folder for the .parquet files (default RUN_DIR/datasets)")
     args = parser.parse_args(argv)
-    paths = write_parquet(args.run_dir, args.out)
+    with run_lock(require_run_dir(Path(args.run_dir)), " ".join([parser.prog, *argv])):  # not while it is written
+        paths = write_parquet(args.run_dir, args.out)
     for split, path in paths.items():
         print(f"{split:<13} {path}")
     print(json.dumps({split: str(path) for split, path in paths.items()}))

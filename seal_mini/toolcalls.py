@@ -194,9 +194,11 @@ def validate_call(
 ) -> ToolCall | CallError:
     """Check a parsed call against the offered tools ({name: chat-tool dict}, JSON-schema form).
 
-    Hard errors (not executed): a name no tool has, missing required or unknown arguments (the call
-    would only raise a TypeError), values over the size limits. Soft problems (executed, flagged):
-    wrong JSON types, values outside an enum, a tool of the task that is not offered yet."""
+    Hard errors: a name no tool has, missing required or unknown arguments (the call would only raise a
+    TypeError), values over the size limits. Soft problems: wrong JSON types, values outside an enum, a
+    tool of the task that is not offered yet. What happens to either is the caller's choice: the BFCL
+    environment runs every decoded call as BFCL does and uses this only to flag schema problems for the
+    diagnoser; tau2 refuses hard errors before they reach its tools."""
     name, arguments = parsed["name"], parsed["arguments"]
     later_tools = later_tools or {}
     if name not in tools and name not in later_tools:

@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import html
 import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
 
 from seal_mini.config import Config, ConfigError
-from seal_mini.runio import read_jsonl_gz, write_json
+from seal_mini.runio import FileError, read_json, read_jsonl_gz, write_json
 
 BACKEND_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 """Backend -> the package it needs (jsonl needs none)."""
-INSTALL = "pip install -r requirements-log.txt (bash run.sh installs it when a recipe names the backend)"
+INSTALL = {
+    "tensorboard": "pip install -r requirements-log.txt (bash run.sh installs it when a recipe names tensorboard)",
+    "wandb": "pip install wandb (the kit does not install it: W&B needs an account and the network)",
+}
 
 
 def installed(module: str) -> bool:
@@ -41,7 +43,9 @@ def check_backends(cfg: Config) -> None:
     for backend in cfg.log.backends:
         module = BACKEND_MODULES.get(backend)
         if module and not installed(module):
-            raise ConfigError(f"log.backends: {backend} is not installed; {INSTALL}, or remove it from log.backends")
+            raise ConfigError(
+                f"log.backends: {backend} is not installed; {INSTALL[backend]}, or remove it from log.backends"
+            )
     if "wandb" in cfg.log.backends and not (os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE")):
         raise ConfigError(
             "log.backends: wandb is named but not configured; set WANDB_API_KEY (or WANDB_MODE=offline to keep "
@@ -137,7 +141,10 @@ def _wandb_id(run_dir: Path) -> str:
     """A W&B run id kept in the run directory, so a resumed run continues the same W&B run."""
     path = run_dir / "wandb_id.json"
     if path.exists():
-        return json.loads(path.read_text())["id"]
+        saved = read_json(path, "delete it to start a new W&B run for this training run")
+        if isinstance(saved, dict) and isinstance(saved.get("id"), str):
+            return saved["id"]
+        raise FileError(f"{path}: holds no W&B run id; delete it to start a new W&B run for this training run")
     run_id = os.urandom(6).hex()
     write_json(path, {"id": run_id})
     return run_id

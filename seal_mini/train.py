@@ -40,6 +40,7 @@ from seal_mini.config import (
     changed_settings,
     config_from_dict,
     load_config,
+    saved_config,
 )
 from seal_mini.device import MemoryLimits, release_memory
 from seal_mini.diagnose import diagnose_turns, failure_profile, trajectory_profile
@@ -71,7 +72,6 @@ from seal_mini.runio import (
     read_metrics,
     read_safetensors,
     read_torch,
-    read_yaml,
     write_json,
     write_jsonl_gz,
     write_metrics,
@@ -320,21 +320,15 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restor
 
 # --- starting or continuing a run -------------------------------------------------------------------
 
-LEFTOVERS = ("metrics.jsonl", "rounds", "trajectories", "eval", "adapter", "report", "checkpoint")
-"""What a training attempt writes into its run directory besides config.yaml and split.json."""
+LEFTOVERS = ("metrics.jsonl", "rounds", "trajectories", "adapter", "report", "checkpoint")
+"""What a training attempt writes into its run directory besides config.yaml, split.json and its held-in
+evaluations (eval/step_NNNN*). eval/ also holds evaluations made by `eval` alone (the backbone measured
+before training, say): those are not training's to clear or to count."""
 
 
-def saved_config(run_dir: Path) -> Config:
-    """The config a run directory was made with (its config.yaml)."""
-    path = Path(run_dir) / "config.yaml"
-    fix = "restore it (the config the run was made with), or start the run again with --restart"
-    data = read_yaml(path, fix)
-    if not isinstance(data, dict):
-        raise FileError(f"{path}: not a mapping of settings; {fix}")
-    try:
-        return config_from_dict(data)
-    except ConfigError as e:
-        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
+def _step_of(path: Path) -> int | None:
+    """N of a training output named step_NNNN[.json|.jsonl.gz|.partial|...], else None."""
+    return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else None
 
 
 def results_past_first_checkpoint(run_dir: Path, cfg: Config) -> list[str]:
@@ -342,17 +336,13 @@ def results_past_first_checkpoint(run_dir: Path, cfg: Config) -> list[str]:
     leaves outputs of its first steps alone; those are run again anyway, so they may be cleared."""
     tc = (saved_config(run_dir) if (run_dir / "config.yaml").exists() else cfg).train
     first = min(tc.save_every, tc.steps)  # LoopState.step of the first checkpoint: steps 0..first-1 precede it
-
-    def step(path: Path) -> int:  # step_NNNN[.json|.jsonl.gz|.partial|...]
-        return int(path.name[5:9]) if path.name.startswith("step_") and path.name[5:9].isdigit() else 1 << 30
-
     past = ["metrics.jsonl"] if any(r.get("step", first) >= first for r in read_metrics(run_dir)) else []
     for folder in ("rounds", "trajectories", "eval"):
         # held-in evaluations during training are tagged with the LoopState.step they follow, hence the +1
         last = first + (folder == "eval") - 1
-        if any(step(p) > last for p in (run_dir / folder).glob("*") if not p.name.startswith(".")):
+        if any((_step_of(p) or 0) > last for p in (run_dir / folder).glob("step_*")):
             past.append(f"{folder}/")
-    return past + [f"{name}/" for name in ("adapter", "report") if (run_dir / name).exists()]
+    return past + ["adapter/"] * (run_dir / "adapter").exists()
 
 
 def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
@@ -387,8 +377,9 @@ def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
             f"({run_dir / 'checkpoint'} is missing or empty); restore it, or start again with --restart "
             "(moves these results aside, deletes nothing)"
         )
-    for leftover in LEFTOVERS:  # an attempt stopped before its first checkpoint: its steps are run again
-        path = run_dir / leftover
+    # an attempt stopped before its first checkpoint: its steps are run again
+    leftovers = [run_dir / name for name in LEFTOVERS] + list((run_dir / "eval").glob("step_*"))
+    for path in leftovers:
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
@@ -442,7 +433,7 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], run_dir: 
     from seal_mini.evaluate import ModelAgent, evaluate
 
     tasks = pick(eval_ids, cfg.data.max_eval_tasks)
-    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag, source=f"{run_dir.name} {tag}")
+    result = evaluate(ModelAgent(policy, cfg), tasks, cfg, run_dir / "eval", tag, source=f"adapter at {tag}")
     return {f"eval/{k}": v for k, v in result["success"].items()}
 
 

@@ -102,3 +102,41 @@ def test_hub_is_only_reached_when_asked(trained, tmp_path, monkeypatch):
     assert calls[0] == ("create", "someone/seal") and calls[1][:2] == ("upload", "someone/seal")
     assert "adapter_model.safetensors" in calls[1][2]
     assert json.loads((tmp_path / "b" / "adapter_config.json").read_text())["peft_type"] == "LORA"
+
+
+def test_export_never_deletes_a_folder_that_is_not_an_export(trained, tmp_path):
+    cfg = trained[0]
+    victim = tmp_path / "notes"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds something other than an export; .* --force"):
+        main([str(cfg.run_dir), "--out", str(victim)])
+    assert (victim / "notes.txt").read_text() == "mine"
+    with pytest.raises(ConfigError, match="holds something other than an export"):
+        main([str(cfg.run_dir), "--out", str(tmp_path / "a"), "--merged", str(victim)])
+    assert (victim / "notes.txt").read_text() == "mine" and not (tmp_path / "a").exists()
+    out = export_adapter(cfg.run_dir, tmp_path / "again")
+    assert export_adapter(cfg.run_dir, out) == out  # an earlier export is replaced whole
+    assert main([str(cfg.run_dir), "--out", str(victim), "--force"]) == 0
+    assert not (victim / "notes.txt").exists() and (victim / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("command", ["export", "dataset", "chat"])
+@pytest.mark.parametrize("damaged", ["config.yaml", "split.json"])
+def test_a_damaged_run_file_is_one_line_for_the_tools_that_read_a_run(trained, tmp_path, capsys, command, damaged):
+    import shutil
+
+    from seal_mini.__main__ import main as cli
+
+    cfg = trained[0]
+    run_dir = tmp_path / "copy"
+    shutil.copytree(cfg.run_dir, run_dir)
+    write_json(run_dir / "split.json", {"train": [], "eval": ["multi_turn_base_0"]})
+    (run_dir / damaged).write_text("{ not: [valid")
+    if command != "chat" and damaged == "split.json":
+        pytest.skip(f"{command} does not read split.json")
+    argv = [command, str(run_dir)] + (["--replay", "--scripted", "ground_truth"] if command == "chat" else [])
+    capsys.readouterr()
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") <= 2 and f"{run_dir / damaged}:" in err, err[-1500:]

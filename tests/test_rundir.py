@@ -98,6 +98,20 @@ def run(trained, tmp_path):
 # --- never a silent restart -------------------------------------------------------------------------
 
 
+def test_an_evaluation_made_before_training_neither_blocks_it_nor_is_cleared(tmp_path, capsys):
+    # Measuring the backbone first (eval alone) and drawing a report are not training results: training
+    # may start in that directory, and the evaluation is still there afterwards.
+    recipe = write_recipe(tmp_path / "fast.yaml")
+    out = f"out_dir={tmp_path / 'runs'}"
+    assert cli(capsys, "eval", recipe, out, "--scripted", "ground_truth")[0] == 0
+    run_dir = tmp_path / "runs" / "tiny"
+    evaluations = {p.name: p.read_bytes() for p in (run_dir / "eval").iterdir()}
+    assert evaluations
+    rc, _, err = cli(capsys, "train", recipe, out)
+    assert rc == 0, err[-2000:]
+    assert {p.name: p.read_bytes() for p in (run_dir / "eval").iterdir() if p.name in evaluations} == evaluations
+
+
 @pytest.mark.parametrize("lost", ["state.json", "checkpoint folder"])
 @pytest.mark.parametrize("command", ["train --resume", "pipeline"])
 def test_a_lost_checkpoint_is_refused_and_nothing_is_deleted(run, capsys, lost, command):
@@ -326,6 +340,12 @@ def test_pipeline_continues_a_run_named_by_another_path(tmp_path, capsys, monkey
     rc, out, err = cli(capsys, "pipeline", recipe, "out_dir=moved")
     assert rc == 0 and f"{result.relative_to(tmp_path)}: not valid JSON" in out and "evaluating again" in out
     assert json.loads(result.read_text())["tag"] == "adapter"
+    # renamed too: the finished evaluations are the same policy's and are kept, not made again
+    shutil.move(tmp_path / "moved" / "tiny", tmp_path / "moved" / "renamed")
+    finished = snapshot(tmp_path / "moved" / "renamed" / "eval")
+    rc, out, err = cli(capsys, "pipeline", recipe, "out_dir=moved", "name=renamed")
+    assert rc == 0, err[-2000:]
+    assert snapshot(tmp_path / "moved" / "renamed" / "eval") == finished
 
 
 # --- one writer per run directory -------------------------------------------------------------------

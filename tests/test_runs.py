@@ -81,3 +81,12 @@ def test_parquet_files_load_with_datasets_alone(run_dir, tmp_path):
 def test_not_a_run_directory_is_named(tmp_path):
     with pytest.raises(ConfigError, match="not a run directory"):
         runs.load(tmp_path)
+
+
+def test_parquet_goes_only_into_a_folder_of_its_own(run_dir, tmp_path):
+    (tmp_path / "other.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files other than"):
+        runs.write_parquet(run_dir, tmp_path)
+    assert (tmp_path / "other.txt").read_text() == "mine"
+    first = runs.write_parquet(run_dir, tmp_path / "d")
+    assert runs.write_parquet(run_dir, tmp_path / "d") == first  # its own earlier output is replaced

@@ -46,6 +46,7 @@ def assert_same_as_metrics(run_dir):
 
 
 def test_tensorboard_scalars_equal_metrics_jsonl_across_a_resume(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="the optional extra requirements-log.txt is not installed")
     # Stop after step 2 was logged but before its checkpoint: the resumed run redoes step 2, and TensorBoard
     # must drop the first attempt's events for it, so every step appears once with metrics.jsonl's numbers.
     cfg = load_config("recipes/cpu_smoke.yaml", SMOKE + [f"out_dir={tmp_path}", "log.backends=[jsonl,tensorboard]"])
@@ -114,7 +115,7 @@ def test_missing_or_unconfigured_backends_are_named(monkeypatch):
     with pytest.raises(ConfigError, match="log.backends: unknown backend 'csv'"):
         load_config(overrides=["log.backends=[jsonl,csv]"])
     monkeypatch.setattr(tracking, "installed", lambda module: module != "wandb")
-    with pytest.raises(ConfigError, match="wandb is not installed; pip install -r requirements-log.txt"):
+    with pytest.raises(ConfigError, match="wandb is not installed; pip install wandb "):
         check_backends(load_config(overrides=["log.backends=[wandb]"]))
     monkeypatch.setattr(tracking, "installed", lambda module: True)
     with pytest.raises(ConfigError, match="WANDB_API_KEY"):
