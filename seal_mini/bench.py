@@ -142,8 +142,8 @@ def bench_ranks(ranks: int, repeats: int, overrides: list[str]) -> dict:
         recipe = Path(folder) / "bench.yaml"
         recipe.write_text(yaml.safe_dump(RANKS_WORKLOAD))
         for repeat in range(repeats):
-            for label, processes, threads in variants:
-                out = Path(folder) / f"{processes}_{repeat}"
+            for number, (label, processes, threads) in enumerate(variants):
+                out = Path(folder) / f"{number}_{repeat}"
                 command = launch_command(["train", str(recipe), f"out_dir={out}", *overrides], processes)
                 env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
                 load = os.getloadavg()[0]
