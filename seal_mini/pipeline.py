@@ -30,8 +30,9 @@ def main(argv: list[str]) -> int:
         "--gpus-per-run", type=int, default=1, help="with several recipes: GPUs (ranks under torchrun) each run gets"
     )
     args = parser.parse_args(argv)
-    recipes = [args.recipe] + [a for a in args.more if a.endswith((".yaml", ".yml"))]
-    overrides = [a for a in args.more if not a.endswith((".yaml", ".yml"))]
+    is_recipe = [a.endswith((".yaml", ".yml")) and "=" not in a for a in args.more]  # base=x.yaml overrides
+    recipes = [args.recipe] + [a for a, r in zip(args.more, is_recipe, strict=True) if r]
+    overrides = [a for a, r in zip(args.more, is_recipe, strict=True) if not r]
     if len(recipes) > 1:
         return run_side_by_side(recipes, overrides, args.gpus_per_run, args.restart)
     cfg = load_config(args.recipe, overrides)
