@@ -198,7 +198,14 @@ def read_split_file(path: str | Path) -> dict[str, list[str]]:
 
 
 def load_split(cfg: Config) -> dict[str, list[str]]:
-    """The run's train / eval ids: an explicit id file, or the seeded split by base-task index."""
+    """The run's train / eval ids: an explicit id file, the seeded split by base-task index, or (data.source:
+    practice) the seeded practice sets."""
+    if cfg.data.source == "practice":
+        from seal_mini.practice import practice_split
+
+        if cfg.data.split_file:
+            raise ConfigError("data.split_file applies to data.source=bfcl; practice sets come from data.split_seed")
+        return practice_split(cfg)
     if cfg.data.split_file:
         split = read_split_file(cfg.data.split_file)
     else:
@@ -208,9 +215,11 @@ def load_split(cfg: Config) -> dict[str, list[str]]:
 
 
 def pick(ids: list[str], limit: int) -> list[Task]:
-    """Tasks for ids; with a limit, spread it over the categories (first N indices of each)."""
-    by_id = tasks_by_id()
-    tasks = [by_id[i] for i in ids]
+    """Tasks for ids (BFCL or practice); with a limit, spread it over the categories (first N of each)."""
+    from seal_mini import practice
+
+    by_id = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}
+    tasks = [practice.task(i) if practice.is_practice(i) else by_id[i] for i in ids]
     if not limit:
         return tasks
     per_category: dict[str, list[Task]] = {}

@@ -68,9 +68,37 @@ def _check(ok: bool, key: str, message: str) -> None:
 
 
 @dataclass
+class ScratchConfig:
+    """Sizes of a model built from scratch (model.name: scratch): a Qwen2 with random weights and a
+    byte-level BPE tokenizer trained on the run's training tasks (seal_mini/scratch.py)."""
+
+    vocab: int = 2048
+    """Tokenizer vocabulary, special tokens included."""
+    hidden: int = 128
+    """Hidden size."""
+    layers: int = 4
+    """Decoder layers."""
+    heads: int = 4
+    """Attention heads (hidden must divide by it)."""
+    kv_heads: int = 2
+    """Key/value heads (grouped-query attention; heads must divide by it)."""
+    mlp: int = 0
+    """MLP width; 0 = 4 x hidden."""
+
+    def validate(self, key: str) -> None:
+        _check(self.vocab >= 512, f"{key}.vocab", "must be >= 512 (the byte alphabet and special tokens need 262)")
+        for name in ("hidden", "layers", "heads", "kv_heads"):
+            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
+        _check(self.hidden % self.heads == 0, f"{key}.heads", f"must divide hidden ({self.hidden})")
+        _check(self.heads % self.kv_heads == 0, f"{key}.kv_heads", f"must divide heads ({self.heads})")
+        _check(self.mlp >= 0, f"{key}.mlp", "must be >= 0 (0 = 4 x hidden)")
+
+
+@dataclass
 class ModelConfig:
     name: str = "Qwen/Qwen2.5-3B-Instruct"
-    """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU)."""
+    """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU);
+    `scratch` builds one sized by model.scratch, with a tokenizer trained on the training tasks."""
     backend: str = "auto"
     """auto (= hf for now) | unsloth (experimental: the rollout engine refuses it) | hf."""
     load_in_4bit: bool = True
@@ -88,9 +116,12 @@ class ModelConfig:
     """Attention kernel passed to transformers: sdpa | eager | flash_attention_2."""
     cpu_4bit: bool = False
     """Also load 4-bit weights on CPU (bitsandbytes' CPU backend): less memory, ~1.7x slower generation."""
+    scratch: ScratchConfig = field(default_factory=ScratchConfig)
+    """Sizes for model.name: scratch."""
 
     def validate(self, key: str) -> None:
-        _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder or tiny-random")
+        _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder, tiny-random or scratch")
+        self.scratch.validate(f"{key}.scratch")
         _check(self.backend in ("auto", "unsloth", "hf"), f"{key}.backend", "must be auto, unsloth or hf")
         _check(
             self.dtype in ("bfloat16", "float16", "float32"),
@@ -132,12 +163,17 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
+    source: str = "bfcl"
+    """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/practice.py)."""
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     """BFCL V3 multi-turn categories to use."""
     train_per_category: int = 100
     """Training tasks per category; the split is by base-task index, so this many indices are drawn."""
     split_seed: int = 0
-    """Seed of the index split (independent of the run seed so every run shares one split)."""
+    """Seed of the index split (independent of the run seed so every run shares one split); for the
+    practice source, the seed of the generated task sets."""
+    heldin_per_category: int = 50
+    """Practice source only: held-in tasks per category (BFCL's held-in set is the rest of the split)."""
     split_file: str = ""
     """A JSON file {"train": [ids], "eval": [ids]} used instead of drawing the split."""
     max_train_tasks: int = 0
@@ -148,8 +184,10 @@ class DataConfig:
     def validate(self, key: str) -> None:
         for c in self.categories:
             _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
+        _check(self.source in ("bfcl", "practice"), f"{key}.source", "must be bfcl or practice")
         _check(len(self.categories) > 0, f"{key}.categories", "must name at least one category")
         _check(0 < self.train_per_category < 200, f"{key}.train_per_category", "must be in 1..199")
+        _check(self.heldin_per_category > 0, f"{key}.heldin_per_category", "must be > 0")
         _check(self.max_train_tasks >= 0, f"{key}.max_train_tasks", "must be >= 0 (0 = all)")
         _check(self.max_eval_tasks >= 0, f"{key}.max_eval_tasks", "must be >= 0 (0 = all)")
 
@@ -313,6 +351,9 @@ class TrainConfig:
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
     logprob_chunk: int = 256
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
+    update: bool = True
+    """Apply the policy update. False: a control run (rollouts, diagnosis, interface as usual; the adapter
+    never changes), to show what the update itself contributes."""
     reweight: bool = True
     """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
     diagnose: bool = True
@@ -343,6 +384,69 @@ class TrainConfig:
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
+
+
+# Fault kinds a demonstration can carry: faults `diagnose-check` injects (seal_mini/diagnose_check.py).
+FAULT_KINDS = (
+    "malformed_call",
+    "tool_not_offered",
+    "missing_required_argument",
+    "wrong_argument_type",
+    "wrong_argument_value",
+    "dropped_state_call",
+    "dropped_read_call",
+    "spurious_call",
+    "no_call_answer",
+    "unrepaired_error",
+)
+
+
+@dataclass
+class SftConfig:
+    """Supervised fine-tuning before RL (seal_mini/sft.py): demonstrations of the training tasks, rendered
+    through the chat template and token path of rollouts, loss on the assistant's tokens only. The result,
+    the warm start, is the backbone that RL trains its adapter on (and the report's "backbone" row)."""
+
+    enabled: bool = False
+    """Build (or reuse) the warm start in <run_dir>/warm_start and train RL on top of it."""
+    faults: dict[str, float] = field(default_factory=dict)
+    """Fault kind -> share of the demonstration turns where that fault can be made that show it (kinds of
+    diagnose-check; the first kind in this order that can be made and is drawn wins a turn). So the warm
+    start fails in labelled ways, as often as these shares say. Empty: clean demonstrations."""
+    tasks_per_category: int = 0
+    """Practice source only: demonstrate this many generated training-side tasks per category (RL's
+    training tasks are the first data.train_per_category of them; the held-in set excludes all). A model
+    built from scratch generalizes from many different tasks, not from many passes over a few. 0 = the
+    training split."""
+    demos_per_task: int = 1
+    """Demonstrations per training task, each with its own fault draws."""
+    epochs: float = 3.0
+    """Passes over the demonstrations."""
+    batch: int = 16
+    """Demonstrations per optimizer step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, then cosine decay to a tenth)."""
+    warmup_steps: int = 10
+    """Optimizer steps of linear warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    full: bool = True
+    """Train every weight (needed for a model built from scratch). False: train a LoRA adapter (lora.*) and
+    merge it into the weights saved as the warm start."""
+    max_tokens: int = 0
+    """Demonstrations longer than this are left out; 0 = rollout.max_total_tokens (an episode's limit)."""
+
+    def validate(self, key: str) -> None:
+        for kind, share in self.faults.items():
+            _check(kind in FAULT_KINDS, f"{key}.faults", f"unknown fault kind {kind!r}; kinds are {list(FAULT_KINDS)}")
+            _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
+        _check(self.tasks_per_category >= 0, f"{key}.tasks_per_category", "must be >= 0 (0 = the training split)")
+        _check(self.demos_per_task > 0, f"{key}.demos_per_task", "must be > 0")
+        _check(self.epochs > 0, f"{key}.epochs", "must be > 0")
+        _check(self.batch > 0, f"{key}.batch", "must be > 0")
+        _check(self.lr > 0, f"{key}.lr", "must be > 0")
+        _check(self.warmup_steps >= 0, f"{key}.warmup_steps", "must be >= 0")
+        _check(self.max_tokens >= 0, f"{key}.max_tokens", "must be >= 0 (0 = rollout.max_total_tokens)")
 
 
 @dataclass
@@ -484,6 +588,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
     interface: InterfaceConfig = field(default_factory=InterfaceConfig)
+    sft: SftConfig = field(default_factory=SftConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ood: OodConfig = field(default_factory=OodConfig)
@@ -500,6 +605,11 @@ class Config:
             self.train.diagnose or not (self.interface.enabled and self.interface.closed_loop),
             "interface.closed_loop",
             "needs train.diagnose: true (Evolve reads the failure profile); disable the interface or set closed_loop: false",
+        )
+        _check(
+            self.data.source == "practice" or not self.sft.tasks_per_category,
+            "sft.tasks_per_category",
+            "applies to data.source=practice only (BFCL has its training split); set it to 0",
         )
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
         for f in dataclasses.fields(self):
@@ -563,9 +673,10 @@ def _build(cls, data: dict, prefix: str = ""):
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
+    """`over` on top of `base`, mapping by mapping; an empty mapping replaces (so `sft.faults={}` clears)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and v and isinstance(out.get(k), dict) else v
     return out
 
 
