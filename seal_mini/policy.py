@@ -25,6 +25,7 @@ from seal_mini.config import Config, ConfigError
 from seal_mini.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
 
 TINY = "tiny-random"
+SCRATCH = "scratch"
 
 
 @dataclass
@@ -60,7 +61,7 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     """The backend `model.backend` resolves to on this machine."""
     wanted = cfg.model.backend
     has_unsloth = importlib.util.find_spec("unsloth") is not None
-    special = cfg.model.name == TINY or bool(cfg.model.gguf_file)
+    special = cfg.model.name in (TINY, SCRATCH) or bool(cfg.model.gguf_file) or cfg.sft.enabled
     if wanted == "auto":
         # unsloth replaces the model's forward with an inference path that returns a new KV cache
         # instead of growing the one it is given, which the rollout engine relies on; until that is
@@ -75,19 +76,51 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
                 "(SEAL_MINI_UNSLOTH=1 bash run.sh does this where a GPU is present) or use model.backend=hf"
             )
         if special:
-            raise ConfigError("model.backend: unsloth cannot load tiny-random or GGUF models; use model.backend=hf")
+            raise ConfigError(
+                "model.backend: unsloth cannot load tiny-random, scratch, GGUF or warm-start models; use model.backend=hf"
+            )
     return wanted
 
 
-def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
-    """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it."""
+def build_scratch(cfg: Config, tasks: list | None = None):
+    """(random causal LM, tokenizer) for model.name: scratch: a BPE tokenizer trained on the training
+    tasks (and the interface's cue texts), a Qwen2 sized by model.scratch, weights from cfg.seed."""
+    from seal_mini import scratch
+
+    if tasks is None:
+        from seal_mini.bfcl import load_split, pick
+
+        tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
+    size = cfg.model.scratch
+    corpus = scratch.task_corpus(tasks) + scratch.cue_texts()
+    tokenizer = scratch.chat_tokenizer(scratch.train_tokenizer_json(corpus, size.vocab))
+    model = scratch.random_model(tokenizer, cfg.seed, size.hidden, size.layers, size.heads, size.kv_heads, size.mlp)
+    return model, tokenizer
+
+
+def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, tasks: list | None = None):
+    """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it.
+    With sft.enabled the backbone is the run's warm start (seal_mini/sft.py), not model.name."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-    if cfg.model.name == TINY:
+    name = cfg.model.name
+    if cfg.sft.enabled and tasks is None:  # tasks are given while the warm start itself is being built
+        from seal_mini.sft import warm_start_dir
+
+        name = str(warm_start_dir(cfg))
+        if not (Path(name) / "config.json").is_file():
+            raise ConfigError(
+                f"sft.enabled: no warm start in {name}; build it with `python -m seal_mini sft RECIPE` "
+                "(train and pipeline build it themselves)"
+            )
+    elif name == TINY:
         from seal_mini.testing import tiny_model, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(device=device, dtype=dtype), tokenizer
+    elif name == SCRATCH:
+        model, tokenizer = build_scratch(cfg, tasks)
+        return model.to(device=device, dtype=dtype), tokenizer
 
     kwargs: dict = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation}
     quantize = cfg.model.load_in_4bit and not cfg.model.gguf_file and (device.type == "cuda" or cfg.model.cpu_4bit)
@@ -102,12 +135,12 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
     if cfg.model.gguf_file:
         kwargs["gguf_file"] = cfg.model.gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.name, gguf_file=cfg.model.gguf_file or None)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model.name, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(name, gguf_file=cfg.model.gguf_file or None)
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except OSError as e:
         raise ConfigError(
-            f"model.name: cannot load {cfg.model.name!r} ({str(e).splitlines()[0]}); give a local folder, "
-            "a hub id already in the local cache, or tiny-random"
+            f"model.name: cannot load {name!r} ({str(e).splitlines()[0]}); give a local folder, "
+            "a hub id already in the local cache, tiny-random or scratch"
         ) from None
     if not quantize:
         model = model.to(device)
@@ -127,7 +160,18 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _add_lora(model, cfg: Config):
+def load_backbone(cfg: Config, tasks: list):
+    """(model, tokenizer, renderer, device) without adapter, for building the warm start on `tasks`:
+    model.name itself (a model built from scratch: its tokenizer learns from these tasks)."""
+    device = resolve_device(cfg.device)
+    dtype, _ = compute_dtype(cfg.model.dtype, device)
+    model, tokenizer = load_hf_base(cfg, device, dtype, tasks)
+    if cfg.model.attn_implementation == "sdpa":
+        model.set_attn_implementation(attention.register())
+    return model, tokenizer, ChatRenderer(tokenizer, cfg.model.tool_format), device
+
+
+def add_lora(model, cfg: Config):
     """Wrap the base model with a fresh LoRA adapter (seeded), or the one at lora.adapter_path."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
@@ -200,7 +244,7 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
         base, tokenizer = load_hf_base(cfg, device, dtype)
         if cfg.model.attn_implementation == "sdpa":
             base.set_attn_implementation(attention.register())  # sdpa without the per-step K/V copy
-        model = _add_lora(base, cfg)
+        model = add_lora(base, cfg)
     eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     extra_stops = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     renderer = ChatRenderer(tokenizer, cfg.model.tool_format, extra_stop_ids=extra_stops)

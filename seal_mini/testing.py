@@ -13,14 +13,10 @@ import json
 from functools import cache
 from pathlib import Path
 
-import torch
-
 from seal_mini.config import ConfigError
 
 TINY_VOCAB = 4096
 """BPE vocabulary of the tiny tokenizer (special tokens included)."""
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 
 # Our own ChatML-style template. Tools (chat-template dicts) are listed in the system message, one JSON
 # object a line; tool results are messages of role "tool". Every message is rendered on its own, so
@@ -67,61 +63,23 @@ def _bfcl_corpus() -> list[str]:
 
 @cache
 def _tiny_tokenizer_json() -> str:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from seal_mini.scratch import train_tokenizer_json
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB - len(TOOL_TAGS),
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_bfcl_corpus(), trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
-    return tok.to_str()
+    return train_tokenizer_json(_bfcl_corpus(), TINY_VOCAB, pieces=None)
 
 
 def tiny_tokenizer():
     """A fresh byte-level BPE tokenizer (4096 ids) with ChatML tokens and a tool-aware chat template."""
-    from tokenizers import Tokenizer
-    from transformers import PreTrainedTokenizerFast
+    from seal_mini.scratch import chat_tokenizer
 
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer.from_str(_tiny_tokenizer_json()),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=TINY_CHAT_TEMPLATE,
-        clean_up_tokenization_spaces=False,
-    )
+    return chat_tokenizer(_tiny_tokenizer_json(), TINY_CHAT_TEMPLATE)
 
 
 def tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 1):
     """A Qwen2 causal LM with random weights (about 0.4M parameters at the defaults), float32."""
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from seal_mini.scratch import random_model
 
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    with torch.random.fork_rng(devices=[]):  # fixed weights without touching the caller's random stream
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=[config.eos_token_id, tokenizer.convert_tokens_to_ids("<|endoftext|>")],
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return model.float().eval()
+    return random_model(tokenizer, seed, hidden, layers, heads, kv_heads)
 
 
 def smollm2_gguf() -> tuple[Path, str]:
