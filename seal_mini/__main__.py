@@ -12,7 +12,9 @@ from seal_mini.runio import FileError
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
     "pipeline": ("seal_mini.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
+    "sft": ("seal_mini.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
     "train": ("seal_mini.train", "SEAL training for a recipe, or --resume RUN_DIR"),
+    "sweep": ("seal_mini.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
     "eval": ("seal_mini.evaluate", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
     "report": ("seal_mini.report", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),

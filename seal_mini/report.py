@@ -340,6 +340,23 @@ def cue_table(run: dict) -> str:
     return "| step | active cues |\n|---|---|\n" + "\n".join(lines) + "\n"
 
 
+def warm_start_summary(run_dir: Path) -> str:
+    """What the warm start learned from (warm_start/sft.json): demonstrations, faults, labels, loss."""
+    path = Path(run_dir) / "warm_start" / "sft.json"
+    if not path.exists():
+        return ""
+    sft = read_json(path)
+    stats, log = sft["stats"], sft["log"]
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(stats["faulted_turns"].items())) or "none"
+    labels = ", ".join(f"{k} {v}" for k, v in sorted(stats["labels"].items(), key=lambda kv: -kv[1]))
+    return (
+        f"Supervised fine-tuning on {stats['demonstrations']} demonstrations ({stats['with_a_fault']} carry a "
+        f"fault) in {len(log)} steps, {sft['seconds']:.0f} s; loss {log[0]['sft/loss']:.3f} -> "
+        f"{log[-1]['sft/loss']:.3f}.\n\n- Faulted turns: {faults} (of {stats['turns']} turns).\n"
+        f"- The diagnoser's labels on the demonstrations: {labels}.\n"
+    )
+
+
 def weights_summary(run: dict) -> str:
     w = run["weights"]
     if not w:
@@ -366,6 +383,8 @@ def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
 
     parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n"]
     parts += ["## Result (Table 1 style)\n", table_main(main)]
+    if warm_start_summary(main["dir"]):  # the backbone row is a warm start built by seal_mini/sft.py
+        parts += ["## Warm start\n", warm_start_summary(main["dir"])]
     parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
     if len(runs) > 1:
         parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]

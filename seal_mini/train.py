@@ -454,6 +454,10 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     train_tasks = pick(split["train"], cfg.data.max_train_tasks)
     G = cfg.rollout.group_size
 
+    if cfg.sft.enabled:  # the backbone is the run's warm start: built (or reused) once, before anything else
+        from seal_mini.sft import ensure_warm_start
+
+        on_main(ensure_warm_start, cfg, what="waiting for rank 0 to build the warm start")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg)
@@ -536,7 +540,9 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
 
         # 5. policy update (this rank's episodes; several ranks sum their gradients)
         t1 = time.perf_counter()
-        loss_metrics = update(policy, optimizer, scheduler, trajs, adv[mine], cfg, positions=mine)
+        loss_metrics = {}
+        if cfg.train.update:  # off only in a control run that shows what the update contributes
+            loss_metrics = update(policy, optimizer, scheduler, trajs, adv[mine], cfg, positions=mine)
         t_update = time.perf_counter() - t1
         check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 
