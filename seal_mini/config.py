@@ -581,6 +581,10 @@ class Config:
     """The one seed: sampling, task order, LoRA init."""
     device: str = "auto"
     """auto | cpu | cuda."""
+    cpu_threads: int = 0
+    """Threads torch uses on the CPU; 0 = torch's default (one per core). A model of a million parameters
+    runs fastest on one thread: its matrices are too small to share, and on a busy machine threads that
+    wait for each other made a step ten times slower (measured)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -612,6 +616,7 @@ class Config:
             "applies to data.source=practice only (BFCL has its training split); set it to 0",
         )
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _check(self.cpu_threads >= 0, "cpu_threads", "must be >= 0 (0 = torch's default)")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if dataclasses.is_dataclass(value):
@@ -760,6 +765,7 @@ MATH_FREE = {
     "rollout.kv_budget_gb": "memory for one rollout wave: how many episodes generate together, not what they are",
     "rollout.max_concurrent": "the same choice made directly: episodes per wave",
     "rollout.prefill_tokens": "how the prefill of prompts and tool results is cut into forward passes",
+    "cpu_threads": "how many CPU threads share each matrix product, the same numbers up to rounding",
     "train.micro_batch": "gradient accumulation: a mini-batch's token-mean loss summed over more or fewer forwards",
     "train.logprob_chunk": "log-probs computed over more or fewer positions at a time, the same numbers",
     "train.print_samples": "how many trajectories are printed per step; nothing computed depends on it",

@@ -160,10 +160,17 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, tasks: l
     return model, tokenizer
 
 
+def use_cpu_threads(cfg: Config) -> None:
+    """Set torch's CPU thread count where the recipe asks for one (cpu_threads)."""
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+
+
 def load_backbone(cfg: Config, tasks: list):
     """(model, tokenizer, renderer, device) without adapter, for building the warm start on `tasks`:
     model.name itself (a model built from scratch: its tokenizer learns from these tasks)."""
     device = resolve_device(cfg.device)
+    use_cpu_threads(cfg)
     dtype, _ = compute_dtype(cfg.model.dtype, device)
     model, tokenizer = load_hf_base(cfg, device, dtype, tasks)
     if cfg.model.attn_implementation == "sdpa":
@@ -236,6 +243,7 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
     """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates;
     prints the start banner (device, dtype, backend, 4-bit, KV budget and slots) unless banner=False."""
     device = resolve_device(cfg.device)
+    use_cpu_threads(cfg)
     dtype, dtype_reason = compute_dtype(cfg.model.dtype, device)
     backend = resolve_backend(cfg, device)
     if backend == "unsloth":
