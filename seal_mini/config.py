@@ -420,6 +420,11 @@ class SftConfig:
     training split."""
     demos_per_task: int = 1
     """Demonstrations per training task, each with its own fault draws."""
+    cue_share: float = 0.0
+    """Share of the demonstrations played through the training interface in a random state (each cue on or
+    off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
+    the interface can add before RL shows it one; without them, a model built from scratch breaks down the
+    step the first cue switches on (measured). The interface never changes the demonstrated calls."""
     epochs: float = 3.0
     """Passes over the demonstrations."""
     batch: int = 16
@@ -442,6 +447,7 @@ class SftConfig:
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
         _check(self.tasks_per_category >= 0, f"{key}.tasks_per_category", "must be >= 0 (0 = the training split)")
         _check(self.demos_per_task > 0, f"{key}.demos_per_task", "must be > 0")
+        _check(0.0 <= self.cue_share <= 1.0, f"{key}.cue_share", "must be a share in [0, 1]")
         _check(self.epochs > 0, f"{key}.epochs", "must be > 0")
         _check(self.batch > 0, f"{key}.batch", "must be > 0")
         _check(self.lr > 0, f"{key}.lr", "must be > 0")

@@ -40,6 +40,7 @@ from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
 from seal_mini.diagnose import diagnose
 from seal_mini.diagnose_check import BUILDERS, plan, turn_messages
 from seal_mini.env import Episode
+from seal_mini.interface import GUIDELINES, Interface, InterfaceState
 from seal_mini.logprobs import token_logprobs
 from seal_mini.oracle import DONE_TEXT
 from seal_mini.runio import new_dir, read_json, write_json
@@ -50,7 +51,7 @@ assert set(FAULT_KINDS) <= set(BUILDERS), "config.FAULT_KINDS must be fault kind
 ABSTAIN_TEXT = "I need more details or another tool to do that."
 """The demonstrations' reply on a turn whose ground truth makes no call."""
 WARM_START = "warm_start"
-FORMAT = 1
+FORMAT = 2
 """Version of how demonstrations are made; part of a warm start's identity (bump it when they change)."""
 
 
@@ -85,12 +86,26 @@ class Demonstration:
     """Fault kind per turn ("" = the ground truth)."""
     labels: list[str]
     """The diagnoser's label per turn."""
+    cues: bool = False
+    """Played through the training interface with some cues on."""
 
 
-def demonstrate(task: Task, turns: list[list[str]], renderer, max_calls_per_turn: int = 20) -> tuple:
-    """Play scripted assistant messages through a fresh episode, laying down tokens as the rollout engine
-    does. Returns (episode, input_ids, loss_mask, conversation)."""
-    env = Episode(task, max_calls_per_turn)
+def random_cues(rng: random.Random, top_k: int) -> InterfaceState:
+    """An interface state as the training loop may switch on: each component on with probability one half,
+    a random handful (up to top_k) of the guidelines in random order."""
+    guidelines = rng.sample(sorted(GUIDELINES), rng.randint(0, min(top_k, len(GUIDELINES))))
+    on = [rng.random() < 0.5 for _ in range(3)]
+    return InterfaceState(schema_cues=on[0], error_feedback=on[1], parse_retry=on[2], guidelines=guidelines)
+
+
+def demonstrate(
+    task: Task, turns: list[list[str]], renderer, max_calls_per_turn: int = 20, cues: InterfaceState | None = None
+) -> tuple:
+    """Play scripted assistant messages through a fresh episode (seen through the training interface in
+    state `cues`, if given), laying down tokens as the rollout engine does. Returns (episode, input_ids,
+    loss_mask, conversation)."""
+    episode = Episode(task, max_calls_per_turn)
+    env = Interface(episode, cues) if cues is not None and cues.active else episode
     messages, tools = env.reset()
     conversation = [dict(m) for m in messages]
     ids = renderer.prompt_ids(messages, tools)
@@ -106,9 +121,9 @@ def demonstrate(task: Task, turns: list[list[str]], renderer, max_calls_per_turn
             conversation += [dict(m) for m in result.observation]
             if result.turn_done:  # a message without a call ends the turn (so may a broken call)
                 break
-        if env.done:
+        if episode.done:
             break
-    return env, ids, mask, conversation
+    return episode, ids, mask, conversation
 
 
 def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list[Demonstration], dict]:
@@ -119,15 +134,17 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
         for task in tasks:
             rng = random.Random(f"sft:{cfg.seed}:{task.id}:{k}")
             turns, kinds = demo_turns(task, cfg.sft.faults, rng)
-            env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn)
+            cues = random_cues(rng, cfg.interface.top_k) if rng.random() < cfg.sft.cue_share else None
+            env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
                 skipped += 1
                 continue
-            out.append(Demonstration(task.id, ids, mask, kinds, diagnose(env)))
+            out.append(Demonstration(task.id, ids, mask, kinds, diagnose(env), cues is not None and cues.active))
     stats = {
         "demonstrations": len(out),
         "left_out_too_long": skipped,
         "with_a_fault": sum(any(d.faults) for d in out),
+        "with_cues": sum(d.cues for d in out),
         "turns": sum(len(d.faults) for d in out),
         "faulted_turns": dict(Counter(k for d in out for k in d.faults if k)),
         "labels": dict(Counter(z for d in out for z in d.labels)),
@@ -249,6 +266,7 @@ def identity(cfg: Config) -> dict:
         "device": resolve_device(cfg.device).type,
         **{k: d[k] for k in ("model", "data", "env", "sft")},
         "lora": d["lora"] if not cfg.sft.full else None,
+        "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
         "logprob_chunk": cfg.train.logprob_chunk,
         "max_grad_norm": cfg.train.max_grad_norm,
     }

@@ -183,3 +183,22 @@ def test_missing_warm_start_and_bad_faults_are_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="sft.faults.spurious_call: must be a share"):
         practice_cfg(tmp_path, "sft.faults={spurious_call: 1.5}")
     assert warm_start_dir(cfg) == tmp_path / "run" / "warm_start"
+
+
+def test_cue_share_shows_the_interface_texts_and_changes_no_label(scratch_policy):
+    """Demonstrations played through random interface states carry the cue texts the training loop may
+    switch on; the demonstrated calls, and so the diagnoser's labels, stay what they are without cues."""
+    from seal_mini.interface import GUIDELINES_HEADER, SCHEMA_NOTE
+
+    cfg, tasks, policy = scratch_policy
+    plain, _ = sft.build_demonstrations(cfg, tasks, policy.renderer)
+    cfg.sft.cue_share = 1.0
+    try:
+        cued, stats = sft.build_demonstrations(cfg, tasks, policy.renderer)
+    finally:
+        cfg.sft.cue_share = 0.0
+    assert 0 < stats["with_cues"] <= len(cued) == len(plain)
+    texts = [policy.renderer.decode(d.input_ids) for d in cued if d.cues]
+    assert any(SCHEMA_NOTE in t for t in texts) and any(GUIDELINES_HEADER in t for t in texts)
+    assert [d.labels for d in cued] == [d.labels for d in plain]
+    assert all(len(c.input_ids) >= len(p.input_ids) for c, p in zip(cued, plain, strict=True))
