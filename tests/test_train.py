@@ -186,3 +186,19 @@ def test_out_of_memory_in_rollouts_and_update_gives_the_round_of_the_smaller_set
     assert len(read_metrics(shrunk.run_dir)) == 2 and any(
         r["losses/grad_norm"] > 0 for r in read_metrics(shrunk.run_dir)
     )
+
+
+def test_update_switched_off_leaves_the_adapter_as_it_started(tmp_path, monkeypatch):
+    """train.update=false (a control run): rollouts, diagnosis and interface go on, the adapter never moves;
+    the same run with the update on moves it (fake rewards that give the groups a spread)."""
+    monkeypatch.setattr(train_module, "score", fake_score)
+    adapters = {}
+    for update in (True, False):
+        cfg = load_config(overrides=RESUME + [f"out_dir={tmp_path}", f"name=u{update}", f"train.update={update}"])
+        cfg.train.steps = 2
+        train_module.train(cfg)
+        adapters[update] = load_file(str(cfg.run_dir / "adapter" / "adapter_model.safetensors"))
+        assert len(read_metrics(cfg.run_dir)) == 2
+    lora_b = [k for k in adapters[False] if "lora_B" in k]
+    assert lora_b and all(torch.equal(adapters[False][k], torch.zeros_like(adapters[False][k])) for k in lora_b)
+    assert any(not torch.equal(adapters[True][k], torch.zeros_like(adapters[True][k])) for k in lora_b)
