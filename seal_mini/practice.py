@@ -5,8 +5,10 @@ unchanged: a practice task is a `seal_mini.bfcl.Task` over the real back-end cla
 math, messaging, tickets, trading, vehicle), its ground truth is BFCL call strings, and the official
 multi_turn_checker scores it through the same Episode, verifier, diagnoser and interface.
 
-Each task offers a few tools with compact docs (BFCL's own docs, cut to their first sentence) and has
-2-4 user turns in varied wording, with the phenomena of BFCL's four categories:
+Each task offers the tools its requests use (and one distractor when they use a single tool), with
+compact docs (BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording,
+with the phenomena of BFCL's four categories. Everything is kept short (a demonstration is about 240
+tokens for the scratch tokenizer), since sequence length is what a CPU pays for:
   base          plain requests;
   miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn
                 gives it;

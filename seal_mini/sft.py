@@ -6,6 +6,8 @@ turns whose ground truth makes no call get a short reply instead (ask for the mi
 tool is missing). A controlled share of the turns carries a fault instead (sft.faults: kind -> share),
 built by the same fault builders `diagnose-check` proves the diagnoser on, so the warm start fails in
 ways the diagnoser names. Every demonstration is diagnosed, and the label counts are saved with it.
+A share of the demonstrations (sft.cue_share) is played through the training interface in a random
+state, so the model has seen the texts the interface may add before RL switches them on.
 
 Token path. A demonstration's tokens are laid down the way the rollout engine lays down an episode:
 the chat template's prompt, each assistant message as its tokens plus the end-of-turn token (loss on
