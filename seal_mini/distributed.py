@@ -129,7 +129,11 @@ def run_command(command_main: Callable[[list[str]], int], argv: list[str]) -> in
     handler.initialize()
     start()
     try:
-        return command_main(argv)
+        code = command_main(argv)
+        # every rank leaves the group together: a rank that tears its side down while another still talks
+        # to it can abort that one (gloo's threads end the process with std::terminate)
+        _all_gather(code, "waiting for the other ranks to finish")
+        return code
     except (ConfigError, FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
         print(f"{'[rank 0] ' if is_main() else ''}error: {e}", file=sys.stderr, flush=True)  # others: prefixed
         handler.record_exception(e)

@@ -93,6 +93,7 @@ def _collectives(rank: int, folder: str) -> None:
         distributed.check_same("settings", {"train": {"lr": 0.01}})
         with pytest.raises(ConfigError, match=r"rank 1 runs with other settings than rank 0 \(train\.lr: 0\.02"):
             distributed.check_same("settings", {"train": {"lr": 0.01 if rank == 0 else 0.02}})
+        dist.barrier()  # leave together: tearing down while the other rank still talks can abort it
     finally:
         dist.destroy_process_group()
 
@@ -170,6 +171,7 @@ def _update_on_rank(rank: int, folder: str) -> None:
         metrics = update(policy, recorder, _NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
         if rank == 0:
             torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/two_ranks.pt")
+        dist.barrier()  # leave together: tearing down while the other rank still talks can abort it
     finally:
         dist.destroy_process_group()
 
