@@ -86,6 +86,24 @@ def tool_docs(class_name: str) -> tuple[dict, ...]:
     return tuple(read_jsonl(path))
 
 
+V3_CLASSES = (
+    "GorillaFileSystem",
+    "MathAPI",
+    "MessageAPI",
+    "TwitterAPI",
+    "TicketAPI",
+    "TradingBot",
+    "TravelAPI",
+    "VehicleControlAPI",
+)
+"""The back-end classes of BFCL V3 multi-turn."""
+
+
+def foreign_tool_names(task: Task) -> list[str]:
+    """The tools of every back end the task does not involve, sorted: real BFCL tools it never offers."""
+    return sorted(d["name"] for cls in V3_CLASSES if cls not in task.involved_classes for d in tool_docs(cls))
+
+
 @cache
 def _load_category(category: str) -> tuple[Task, ...]:
     data_dir = bfcl_root() / "data"

@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from seal_mini.bfcl import Task, load_tasks, to_chat_tool, tool_docs
+from seal_mini.bfcl import Task, foreign_tool_names, load_tasks, to_chat_tool
 from seal_mini.config import CATEGORIES, LABELS, EnvConfig
 from seal_mini.diagnose import FAILURE_LABELS, diagnose_turns, evidence, reference
 from seal_mini.env import Episode, new_instances, public_methods
@@ -172,18 +172,6 @@ def _malformed(task, p, turn, rng):
     return blocks, f"{calls[i][0]} broken"
 
 
-_ALL_CLASSES = (
-    "GorillaFileSystem",
-    "MathAPI",
-    "MessageAPI",
-    "TwitterAPI",
-    "TicketAPI",
-    "TradingBot",
-    "TravelAPI",
-    "VehicleControlAPI",
-)
-
-
 def _not_offered(task, p, turn, rng):
     if not p[turn]:
         return None
@@ -198,8 +186,7 @@ def _not_offered(task, p, turn, rng):
             calls[i] = (later[0].name, dict(later[0].arguments))
             return _blocks(calls), f"held-out {later[0].name} before its reveal"
     offered = {d["name"] for d in task.tools} | {d["name"] for ds in task.held_out.values() for d in ds}
-    foreign = sorted(d["name"] for cls in _ALL_CLASSES if cls not in task.involved_classes for d in tool_docs(cls))
-    foreign = [name for name in foreign if name not in offered]
+    foreign = [name for name in foreign_tool_names(task) if name not in offered]
     calls[i] = (rng.choice(foreign), calls[i][1])
     return _blocks(calls), f"{calls[i][0]} instead of {p[turn][i].name}"
 

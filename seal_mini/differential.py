@@ -37,22 +37,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import SimpleNamespace
 
-from seal_mini.bfcl import Task, load_tasks, to_chat_tool, tool_docs
+from seal_mini.bfcl import Task, foreign_tool_names, load_tasks, to_chat_tool
 from seal_mini.config import CATEGORIES
 from seal_mini.oracle import DONE_TEXT, ground_truth_turns
 from seal_mini.toolcalls import format_call
 
 Call = tuple[str, dict]
-V3_CLASSES = (
-    "GorillaFileSystem",
-    "MathAPI",
-    "MessageAPI",
-    "TwitterAPI",
-    "TicketAPI",
-    "TradingBot",
-    "TravelAPI",
-    "VehicleControlAPI",
-)
 Script = list[list[str]]
 
 # --- the reference: bfcl-eval's inference loop and scorer --------------------------------------------
@@ -288,8 +278,7 @@ def _missing_argument(call, task, rng):
 
 def _foreign_tool(task: Task, rng: random.Random) -> Call:
     """A real BFCL tool of a back end the task does not involve (BFCL's eval: name not defined)."""
-    names = sorted(d["name"] for c in V3_CLASSES if c not in task.involved_classes for d in tool_docs(c))
-    return rng.choice(names), {"x": 1}
+    return rng.choice(foreign_tool_names(task)), {"x": 1}
 
 
 def _dropped(task, gt, rng):
