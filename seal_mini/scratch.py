@@ -19,6 +19,17 @@ import torch
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 
+# The part of both chat templates (this one and seal_mini/testing.py's) after the system message: every
+# other message as <|im_start|>role\ncontent<|im_end|>, then the assistant's opening when asked.
+MESSAGES_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if not (loop.first and has_system) -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
 # Our own ChatML-style template with a compact tool block: one line per tool (name and description),
 # one line per parameter (type, whether it is required, description), so that a prompt stays a few
 # hundred tokens. Tool results are messages of role "tool". Every message is rendered on its own, so
@@ -47,13 +58,7 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if not (loop.first and has_system) -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    "{%- endif -%}" + MESSAGES_TEMPLATE
 )
 
 

@@ -14,6 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from seal_mini.config import ConfigError
+from seal_mini.scratch import MESSAGES_TEMPLATE
 
 TINY_VOCAB = 4096
 """BPE vocabulary of the tiny tokenizer (special tokens included)."""
@@ -34,13 +35,7 @@ TINY_CHAT_TEMPLATE = (
     "{{- '\\n' -}}{%- endfor -%}"
     "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- for message in messages -%}"
-    "{%- if not (loop.first and has_system) -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+    "{%- endif -%}" + MESSAGES_TEMPLATE
 )
 
 
