@@ -45,7 +45,7 @@ from seal_mini.env import Episode
 from seal_mini.interface import GUIDELINES, Interface, InterfaceState
 from seal_mini.logprobs import token_logprobs
 from seal_mini.oracle import DONE_TEXT
-from seal_mini.runio import new_dir, read_json, write_json
+from seal_mini.runio import new_dir, read_json, run_lock, write_json
 from seal_mini.toolcalls import format_call
 
 assert set(FAULT_KINDS) <= set(BUILDERS), "config.FAULT_KINDS must be fault kinds diagnose_check builds"
@@ -331,7 +331,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rebuild", action="store_true", help="build it again even if an identical one exists")
     args = parser.parse_args(argv)
     cfg = load_config(args.recipe, [*args.overrides, "sft.enabled=true"])
-    path = run_sft(cfg) if args.rebuild else ensure_warm_start(cfg)
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it writes into the run directory
+        path = run_sft(cfg) if args.rebuild else ensure_warm_start(cfg)
     print(json.dumps({"warm_start": str(path), **read_json(path / "sft.json")["stats"]}))
     return 0
 

@@ -387,6 +387,7 @@ def test_every_writing_command_stops_while_another_holds_the_run_and_a_dead_hold
             ["pipeline", recipe, f"out_dir={run_dir.parent}"],
             ["eval", recipe, f"out_dir={run_dir.parent}", "--scripted", "empty"],
             ["report", run_dir],
+            ["sft", recipe, f"out_dir={run_dir.parent}"],
         ]:
             rc, _, err = cli(capsys, *argv)
             line = one_line_error(err)
