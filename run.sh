@@ -83,7 +83,7 @@ if [[ "$extras" == *ood* ]]; then setup_extra requirements-ood.txt; fi
 if [[ "$extras" == *log* ]]; then setup_extra requirements-log.txt; fi
 ranks=${SEAL_MINI_GPUS:-1}
 if [ "$ranks" = "all" ]; then
-  ranks=$("$PY" -c 'from seal_mini.placement import visible_gpus; print(len(visible_gpus()))')
+  ranks=$("$PY" -c 'from seal_mini.programs.placement import visible_gpus; print(len(visible_gpus()))')
   if [ "$ranks" -lt 1 ]; then echo "[run.sh] SEAL_MINI_GPUS=all, but no GPU is visible" >&2; exit 2; fi
 fi
 if ! [[ "$ranks" =~ ^[1-9][0-9]*$ ]]; then

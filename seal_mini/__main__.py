@@ -11,22 +11,34 @@ from seal_mini.runio import FileError
 
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
-    "pipeline": ("seal_mini.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
-    "sft": ("seal_mini.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
-    "train": ("seal_mini.train", "SEAL training for a recipe, or --resume RUN_DIR"),
-    "sweep": ("seal_mini.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
-    "eval": ("seal_mini.evaluate", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
-    "report": ("seal_mini.report", "markdown report with plots from run directories"),
-    "oracle": ("seal_mini.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
-    "diagnose-check": ("seal_mini.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
-    "dataset": ("seal_mini.runs", "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)"),
-    "export": ("seal_mini.export", "the trained adapter with a model card; --merged for a merged model; --push-to-hub"),
-    "chat": ("seal_mini.play", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
+    "pipeline": ("seal_mini.programs.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
+    "sft": ("seal_mini.training.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
+    "train": ("seal_mini.training.train", "SEAL training for a recipe, or --resume RUN_DIR"),
+    "sweep": ("seal_mini.programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
+    "eval": ("seal_mini.evaluation.heldin", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
+    "report": ("seal_mini.evaluation.report", "markdown report with plots from run directories"),
+    "oracle": ("seal_mini.programs.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
+    "diagnose-check": (
+        "seal_mini.programs.diagnose_check",
+        "inject faults into ground-truth episodes and check the diagnoser",
+    ),
+    "dataset": (
+        "seal_mini.programs.dataset",
+        "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)",
+    ),
+    "export": (
+        "seal_mini.programs.export",
+        "the trained adapter with a model card; --merged for a merged model; --push-to-hub",
+    ),
+    "chat": ("seal_mini.programs.chat", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
     "bench": (
-        "seal_mini.bench",
+        "seal_mini.programs.bench",
         "benchmarks that print numbers (rollout: batched vs one at a time; ranks: 1 process vs N)",
     ),
-    "preflight": ("seal_mini.preflight", "memory and speed of a recipe on this machine, random weights, no download"),
+    "preflight": (
+        "seal_mini.programs.preflight",
+        "memory and speed of a recipe on this machine, random weights, no download",
+    ),
 }
 
 

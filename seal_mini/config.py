@@ -18,7 +18,7 @@ from seal_mini.runio import FileError, read_text, read_yaml
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
-# Turn-level failure labels (see seal_mini/diagnose.py for the rules that assign them).
+# Turn-level failure labels (see seal_mini/core/diagnose.py for the rules that assign them).
 LABELS = (
     "pass",
     "correct_abstention",
@@ -70,7 +70,7 @@ def _check(ok: bool, key: str, message: str) -> None:
 @dataclass
 class ScratchConfig:
     """Sizes of a model built from scratch (model.name: scratch): a Qwen2 with random weights and a
-    byte-level BPE tokenizer trained on the run's training tasks (seal_mini/scratch.py)."""
+    byte-level BPE tokenizer trained on the run's training tasks (seal_mini/engine/scratch.py)."""
 
     vocab: int = 2048
     """Tokenizer vocabulary, special tokens included."""
@@ -164,7 +164,7 @@ class LoraConfig:
 @dataclass
 class DataConfig:
     source: str = "bfcl"
-    """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/practice.py)."""
+    """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/envs/practice.py)."""
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     """BFCL V3 multi-turn categories to use."""
     train_per_category: int = 100
@@ -386,7 +386,7 @@ class TrainConfig:
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
 
 
-# Fault kinds a demonstration can carry: faults `diagnose-check` injects (seal_mini/diagnose_check.py).
+# Fault kinds a demonstration can carry: faults `diagnose-check` injects (seal_mini/programs/diagnose_check.py).
 FAULT_KINDS = (
     "malformed_call",
     "tool_not_offered",
@@ -403,7 +403,7 @@ FAULT_KINDS = (
 
 @dataclass
 class SftConfig:
-    """Supervised fine-tuning before RL (seal_mini/sft.py): demonstrations of the training tasks, rendered
+    """Supervised fine-tuning before RL (seal_mini/training/sft.py): demonstrations of the training tasks, rendered
     through the chat template and token path of rollouts, loss on the assistant's tokens only. The result,
     the warm start, is the backbone that RL trains its adapter on (and the report's "backbone" row)."""
 

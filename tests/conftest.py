@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-from seal_mini.ood import loopback_only  # noqa: E402
+from seal_mini.evaluation.ood import loopback_only  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

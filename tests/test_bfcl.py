@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from seal_mini.bfcl import load_tasks, make_split, read_split_file, tasks_by_id, to_chat_tool
 from seal_mini.config import CATEGORIES, ConfigError
+from seal_mini.envs.bfcl import load_tasks, make_split, read_split_file, tasks_by_id, to_chat_tool
 
 
 def test_800_tasks_with_ground_truth_and_tools():

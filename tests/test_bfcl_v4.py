@@ -5,9 +5,9 @@ import string
 
 import pytest
 
-from seal_mini.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4, memory_tasks
 from seal_mini.config import ConfigError, load_config
-from seal_mini.ood import REFUSED, NetworkRefused, active_guards
+from seal_mini.evaluation.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4, memory_tasks
+from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards
 from seal_mini.runio import read_json, read_jsonl_gz
 
 # The built-in ood defaults (all scenarios, all questions, kv + rec_sum + vector, which is skipped: no
@@ -59,8 +59,8 @@ def test_memory_carries_facts_from_the_conversations_to_the_questions(tmp_path):
 
 
 def test_a_model_runs_both_phases_through_the_rollout_engine(tmp_path):
-    from seal_mini.evaluate import ModelAgent
-    from seal_mini.policy import load_policy
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.evaluation.agents import ModelAgent
 
     cfg = load_config(
         "recipes/cpu_smoke.yaml",
@@ -79,7 +79,7 @@ def test_a_model_runs_both_phases_through_the_rollout_engine(tmp_path):
 
 
 def test_resume_reuses_finished_pieces(tmp_path, monkeypatch):
-    import seal_mini.bfcl_v4 as v4
+    import seal_mini.evaluation.bfcl_v4 as v4
 
     monkeypatch.setattr(v4, "CHUNK", 10)
     agent = ScriptedAgenticAgent("answer")
@@ -191,8 +191,8 @@ def test_vector_back_end_embeds_with_a_local_model(tmp_path):
 def test_a_recipe_naming_a_suite_without_its_extra_fails_before_training(monkeypatch):
     import importlib.util
 
-    from seal_mini.ood import check_suites
-    from seal_mini.pipeline import main
+    from seal_mini.evaluation.suites import check_suites
+    from seal_mini.programs.pipeline import main
 
     check_suites(load_config("recipes/qwen2_5_3b.yaml"))  # everything installed here: no error
     real = importlib.util.find_spec
@@ -207,9 +207,9 @@ def test_a_recipe_naming_a_suite_without_its_extra_fails_before_training(monkeyp
 def test_suites_run_under_their_own_token_limits_and_count_what_they_cut(tmp_path):
     """run_suite swaps training's rollout limits for ood.max_*_tokens; an episode cut by them scores 0
     and is counted per column."""
-    from seal_mini.evaluate import ModelAgent
-    from seal_mini.ood import run_suite, suite_config
-    from seal_mini.policy import load_policy
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.evaluation.agents import ModelAgent
+    from seal_mini.evaluation.suites import run_suite, suite_config
 
     overrides = ["ood.memory_backends=[kv]", "ood.max_tasks=2", "ood.memory_scenarios=[notetaker]"]
     cfg = load_config("recipes/cpu_smoke.yaml", [*overrides, "ood.max_prompt_tokens=64", "ood.max_total_tokens=128"])

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from seal_mini import diagnose_check
-from seal_mini.bfcl import load_tasks, tasks_by_id
 from seal_mini.config import LABELS, ConfigError, DiagnosisConfig
-from seal_mini.diagnose import (
+from seal_mini.core import faults
+from seal_mini.core.diagnose import (
     RULES,
     diagnose,
     diagnose_turns,
@@ -19,10 +18,12 @@ from seal_mini.diagnose import (
     failure_profile,
     trajectory_profile,
 )
-from seal_mini.env import Episode
-from seal_mini.oracle import DONE_TEXT, ground_truth_turns, scripted_messages
-from seal_mini.toolcalls import format_call
-from seal_mini.verifier import Verdict
+from seal_mini.envs.bfcl import load_tasks, tasks_by_id
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, scripted_messages
+from seal_mini.envs.toolcalls import format_call
+from seal_mini.envs.verifier import Verdict
+from seal_mini.programs import diagnose_check
 
 TASKS = tasks_by_id()
 
@@ -118,21 +119,21 @@ def test_turns_without_a_reference_call():
     assert diagnose(early)[2] == "invalid_tool_call"
 
 
-@pytest.mark.parametrize("kind", list(diagnose_check.FAULTS))
+@pytest.mark.parametrize("kind", list(faults.FAULTS))
 def test_each_fault_kind_on_hand_picked_tasks(kind):
-    expected = diagnose_check.FAULTS[kind][0]
+    expected = faults.FAULTS[kind][0]
     ids = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_miss_func_0", "multi_turn_miss_param_0"]
     ids += ["multi_turn_long_context_0", "multi_turn_base_50", "multi_turn_base_120", "multi_turn_miss_param_150"]
     checked = 0
     for task_id in ids:
         task = TASKS[task_id]
-        p = diagnose_check.plan(task)
-        gt = [scripted_messages(diagnose_check._pairs(calls)) for calls in p]
+        p = faults.plan(task)
+        gt = [scripted_messages(faults.as_pairs(calls)) for calls in p]
         for turn in range(len(task.turns)):
-            built = diagnose_check.BUILDERS[kind](task, p, turn, random.Random(turn))
+            built = faults.BUILDERS[kind](task, p, turn, random.Random(turn))
             if built is None:
                 continue
-            episode = diagnose_check.drive(task, gt[:turn] + [diagnose_check.turn_messages(built[0])] + gt[turn + 1 :])
+            episode = diagnose_check.drive(task, gt[:turn] + [faults.turn_messages(built[0])] + gt[turn + 1 :])
             if not diagnose_check.realized(kind, episode, turn):
                 continue
             labels = diagnose(episode)
@@ -274,7 +275,7 @@ def test_failure_profile_by_hand():
 def test_judge_scores_are_mean_description_log_likelihoods():
     import torch
 
-    from seal_mini.judge import LABEL_DESCRIPTIONS, tiny_random_judge
+    from seal_mini.core.judge import LABEL_DESCRIPTIONS, tiny_random_judge
 
     judge = tiny_random_judge(seed=0)
     prompt = "User request: move the file\nAssistant tool calls:\n- (none)\nMost likely cause:"
@@ -289,7 +290,7 @@ def test_judge_scores_are_mean_description_log_likelihoods():
 
 
 def test_judge_on_a_policy_in_training_mode():
-    from seal_mini.judge import tiny_random_judge
+    from seal_mini.core.judge import tiny_random_judge
 
     judge = tiny_random_judge(seed=2)
     before = judge.scores("a prompt", ["the first", "the second"])
@@ -300,7 +301,7 @@ def test_judge_on_a_policy_in_training_mode():
 
 
 def test_judge_picks_the_argmax_of_a_closed_set(monkeypatch):
-    from seal_mini.judge import tiny_random_judge
+    from seal_mini.core.judge import tiny_random_judge
 
     judge = tiny_random_judge(seed=1)
     candidates = {"a": "the first", "b": "the second", "c": "the third"}
@@ -312,7 +313,7 @@ def test_judge_picks_the_argmax_of_a_closed_set(monkeypatch):
 
 
 def test_judge_runs_only_on_ambiguous_turns():
-    from seal_mini.judge import FINER_LABELS, tiny_random_judge
+    from seal_mini.core.judge import FINER_LABELS, tiny_random_judge
 
     judge = tiny_random_judge(seed=0)
     clean = run("multi_turn_base_0", {})
@@ -326,7 +327,7 @@ def test_judge_runs_only_on_ambiguous_turns():
 
 
 def test_judge_from_config():
-    from seal_mini.judge import LabelJudge, judge_from_config
+    from seal_mini.core.judge import LabelJudge, judge_from_config
 
     assert judge_from_config(DiagnosisConfig()) is None  # off by default
     with pytest.raises(ConfigError, match="small_model"):
@@ -346,7 +347,7 @@ def test_diagnose_check_command_runs_and_ends_with_json(capsys):
     assert diagnose_check.main(["--limit", "1", "--categories", "base", "miss_func"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["clean"]["all_pass_or_abstention"]
-    assert set(result["faults"]) == set(diagnose_check.FAULTS)
+    assert set(result["faults"]) == set(faults.FAULTS)
     assert result["cut_short"]["cut_turn_pass"] == 0 and result["crash_count"] == 0
     assert result["official_verdict"]["failed_without_a_failing_turn"] == 0
     assert result["timing"]["execute_s"] > 0 and result["timing"]["rules_s"] > 0

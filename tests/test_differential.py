@@ -1,4 +1,4 @@
-"""The kit's episode and verifier against BFCL's own inference loop and scorer (seal_mini.differential).
+"""The kit's episode and verifier against BFCL's own inference loop and scorer (seal_mini.programs.differential).
 
 Every one of the 800 tasks, the ground truth and the perturbation kinds in CI_KINDS (one for each way the
 kit once departed from BFCL, and controls): the kit's verdict must equal BFCL's on every episode.
@@ -6,10 +6,17 @@ kit once departed from BFCL, and controls): the kit's verdict must equal BFCL's 
 four times as long.
 """
 
-from seal_mini.bfcl import tasks_by_id
-from seal_mini.differential import CI_KINDS, PERTURBATIONS, bfcl_verdict, kit_verdict, print_report, run_differential
-from seal_mini.oracle import DONE_TEXT
-from seal_mini.toolcalls import format_call
+from seal_mini.envs.bfcl import tasks_by_id
+from seal_mini.envs.scripted import DONE_TEXT
+from seal_mini.envs.toolcalls import format_call
+from seal_mini.programs.differential import (
+    CI_KINDS,
+    PERTURBATIONS,
+    bfcl_verdict,
+    kit_verdict,
+    print_report,
+    run_differential,
+)
 
 
 def test_kit_and_bfcl_agree_on_every_episode_of_all_800_tasks(capsys):

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from seal_mini import distributed
 from seal_mini.config import ConfigError, load_config
-from seal_mini.rollout import Trajectory, sample_numbers
+from seal_mini.engine.rollout import Trajectory, sample_numbers
 from seal_mini.runio import read_json, read_jsonl_gz, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,8 +156,8 @@ def _round(policy, n_tasks: int, group_size: int) -> tuple[list[Trajectory], tor
 
 
 def _update_on_rank(rank: int, folder: str) -> None:
-    from seal_mini.policy import load_policy
-    from seal_mini.train import update
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.training.train import update
 
     _join(rank, folder)
     try:
@@ -187,8 +187,8 @@ def _perturb(policy) -> None:
 def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
     """Four tasks, two per mini-batch, over two ranks: each mini-batch's gradient is rank 0's part plus rank 1's,
     and one episode sampled nothing. Every optimizer step sees the gradient one process computes."""
-    from seal_mini.policy import load_policy
-    from seal_mini.train import update
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.training.train import update
 
     mp.spawn(_update_on_rank, args=(str(tmp_path),), nprocs=2, join=True)
     two = torch.load(tmp_path / "two_ranks.pt")

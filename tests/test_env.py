@@ -4,12 +4,12 @@ import subprocess
 
 import pytest
 
-from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
-from seal_mini.bfcl_harness import REFUSED_CALL
-from seal_mini.env import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
-from seal_mini.oracle import ground_truth_turns, replay, scripted_messages
-from seal_mini.toolcalls import MAX_CALL_CHARS, format_call
-from seal_mini.verifier import check, check_episode
+from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
+from seal_mini.envs.episode import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
+from seal_mini.envs.harness import REFUSED_CALL
+from seal_mini.envs.scripted import ground_truth_turns, replay, scripted_messages
+from seal_mini.envs.toolcalls import MAX_CALL_CHARS, format_call
+from seal_mini.envs.verifier import check, check_episode
 
 TASKS = tasks_by_id()
 

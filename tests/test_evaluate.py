@@ -2,12 +2,13 @@
 
 import pytest
 
-from seal_mini.bfcl import load_split, pick
 from seal_mini.config import load_config
-from seal_mini.evaluate import ModelAgent, ScriptedAgent, evaluate, success_table
-from seal_mini.policy import load_policy
+from seal_mini.engine.policy import load_policy
+from seal_mini.engine.tiny import Interrupting
+from seal_mini.envs.splits import load_split, pick
+from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent
+from seal_mini.evaluation.heldin import evaluate, success_table
 from seal_mini.runio import read_json
-from seal_mini.testing import Interrupting
 
 CFG = load_config(
     overrides=["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", "env.max_calls_per_turn=2"]
@@ -58,7 +59,7 @@ def test_success_table_means_over_categories():
 
 def test_the_progress_bar_moves_as_each_episode_finishes(tmp_path, monkeypatch):
     """Not once per piece of work: a model evaluation's bar advances while the other episodes still run."""
-    import seal_mini.evaluate as evaluate_module
+    import seal_mini.evaluation.heldin as evaluate_module
 
     created = []
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.device import DTYPES
-from seal_mini.export import export_adapter, export_merged, main
-from seal_mini.logprobs import token_logprobs
-from seal_mini.policy import load_hf_base, load_policy, save_adapter
+from seal_mini.engine.device import DTYPES
+from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.policy import load_hf_base, load_policy, save_adapter
+from seal_mini.programs.export import export_adapter, export_merged, main
 from seal_mini.runio import write_json, write_yaml
 
 TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]

@@ -1,4 +1,4 @@
-"""seal_mini.grpo against numbers computed by hand (the arithmetic is in the comments)."""
+"""seal_mini.core.grpo against numbers computed by hand (the arithmetic is in the comments)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from seal_mini.config import DEFAULT_RHO
-from seal_mini.grpo import (
+from seal_mini.core.grpo import (
     diagnostic_weights,
     ema_rho,
     group_advantages,
@@ -261,7 +261,7 @@ def test_policy_loss_checks_shapes():
 
 
 def test_ema_rho_takes_the_diagnosers_profile_with_absent_labels():
-    from seal_mini.diagnose import failure_profile
+    from seal_mini.core.diagnose import failure_profile
 
     profile = failure_profile([["pass", "state_mismatch"], ["pass", "pass"]], [0.0, 1.0])
     assert profile["spurious_tool_call"]["success_rate"] is None  # absent labels carry no success rate

@@ -12,11 +12,9 @@ import json
 
 import pytest
 
-from seal_mini import interface as omega
-from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, make_split, tasks_by_id, to_chat_tool
 from seal_mini.config import InterfaceConfig
-from seal_mini.env import Episode
-from seal_mini.interface import (
+from seal_mini.core import interface as omega
+from seal_mini.core.interface import (
     GUIDELINES,
     Interface,
     InterfaceState,
@@ -26,8 +24,10 @@ from seal_mini.interface import (
     initial_state,
     select_guidelines,
 )
-from seal_mini.oracle import ground_truth_turns, scripted_messages
-from seal_mini.toolcalls import format_call
+from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, make_split, tasks_by_id, to_chat_tool
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import ground_truth_turns, scripted_messages
+from seal_mini.envs.toolcalls import format_call
 
 ALL_ON = InterfaceState(schema_cues=True, error_feedback=True, guidelines=list(GUIDELINES))
 BROKEN_JSON = '<tool_call>{"name": "ls", "arguments": </tool_call>'

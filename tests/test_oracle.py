@@ -3,8 +3,8 @@ import json
 import subprocess
 import sys
 
-from seal_mini.bfcl import load_tasks
-from seal_mini.oracle import ground_truth_call, ground_truth_turns, replay
+from seal_mini.envs.bfcl import load_tasks
+from seal_mini.envs.scripted import ground_truth_call, ground_truth_turns, replay
 
 
 def rss_mb() -> float:
@@ -27,7 +27,7 @@ def test_oracle_command_800_0_0_under_a_minute():
 
 def test_positional_ground_truth_arguments_are_named_from_the_signature():
     task = next(t for t in load_tasks(["base"]) if any("sort('" in c for turn in t.ground_truth for c in turn))
-    from seal_mini.env import new_instances, public_methods
+    from seal_mini.envs.episode import new_instances, public_methods
 
     methods = public_methods(new_instances(task))
     assert ground_truth_call("sort('final_report.pdf')", methods) == ("sort", {"file_name": "final_report.pdf"})

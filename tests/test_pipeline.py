@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seal_mini.report import active_cues
+from seal_mini.core.interface import active_cues
 from seal_mini.runio import read_json, read_jsonl_gz, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from seal_mini.config import ConfigError
-from seal_mini.placement import Job, failure_report, gpu_sets, launch_command, run_placed, visible_gpus
+from seal_mini.programs.placement import Job, failure_report, gpu_sets, launch_command, run_placed, visible_gpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +117,7 @@ def test_pipeline_with_several_recipes_runs_each(tmp_path):
 
 
 def test_pipeline_refuses_two_recipes_in_one_run_directory(tmp_path):
-    from seal_mini.pipeline import main
+    from seal_mini.programs.pipeline import main
 
     path = tmp_path / "same.yaml"
     path.write_text(yaml.safe_dump({**TINY, "name": "same"}))

@@ -2,13 +2,14 @@
 
 import pytest
 
-from seal_mini.bfcl import tasks_by_id
 from seal_mini.config import ConfigError, load_config
-from seal_mini.env import Episode
-from seal_mini.evaluate import ModelAgent, evaluate
-from seal_mini.oracle import POLICIES, play
-from seal_mini.play import Console, main, verdict_lines
-from seal_mini.policy import load_policy, save_adapter
+from seal_mini.engine.policy import load_policy, save_adapter
+from seal_mini.envs.bfcl import tasks_by_id
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import POLICIES, play
+from seal_mini.evaluation.agents import ModelAgent
+from seal_mini.evaluation.heldin import evaluate
+from seal_mini.programs.chat import Console, main, verdict_lines
 from seal_mini.runio import write_json, write_yaml
 
 TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false", "rollout.max_new_tokens=24"]

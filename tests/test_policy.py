@@ -8,11 +8,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import pytest
 import torch
 
-from seal_mini.chat import ChatRenderer, TemplateError, to_prompt_mode
 from seal_mini.config import ConfigError, load_config
-from seal_mini.policy import load_policy, resolve_backend, save_adapter
-from seal_mini.rollout import concurrency, kv_bytes_per_token
-from seal_mini.testing import _tiny_tokenizer_json, smollm2_gguf, tiny_tokenizer
+from seal_mini.engine.policy import load_policy, resolve_backend, save_adapter
+from seal_mini.engine.render import ChatRenderer, TemplateError, to_prompt_mode
+from seal_mini.engine.rollout import concurrency, kv_bytes_per_token
+from seal_mini.engine.tiny import _tiny_tokenizer_json, smollm2_gguf, tiny_tokenizer
 
 TOOLS = [
     {
@@ -156,8 +156,8 @@ def test_adapter_saves_and_loads(policy, tmp_path):
 
 
 def test_a_model_folder_loads_in_full_precision_and_in_4bit(tmp_path):
-    from seal_mini.logprobs import token_logprobs
-    from seal_mini.testing import tiny_model
+    from seal_mini.engine.logprobs import token_logprobs
+    from seal_mini.engine.tiny import tiny_model
 
     tokenizer = tiny_tokenizer()
     reference = tiny_model(tokenizer)

@@ -4,14 +4,15 @@ import json
 
 import pytest
 
-from seal_mini import practice
-from seal_mini.bfcl import load_split, pick
 from seal_mini.config import CATEGORIES, ConfigError, load_config
-from seal_mini.diagnose import diagnose
-from seal_mini.env import Episode
-from seal_mini.interface import Interface, InterfaceState
-from seal_mini.oracle import POLICIES, ground_truth_turns, play, practice_tasks, replay, run_oracle
-from seal_mini.verifier import check_episode
+from seal_mini.core.diagnose import diagnose
+from seal_mini.core.interface import Interface, InterfaceState
+from seal_mini.envs import practice
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import POLICIES, ground_truth_turns, play, replay
+from seal_mini.envs.splits import load_split, pick
+from seal_mini.envs.verifier import check_episode
+from seal_mini.programs.oracle import practice_tasks, run_oracle
 
 
 @pytest.fixture(scope="module")

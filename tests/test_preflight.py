@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from seal_mini import preflight
 from seal_mini.config import ConfigError, load_config
-from seal_mini.rollout import kv_bytes_per_token
+from seal_mini.engine.rollout import kv_bytes_per_token
+from seal_mini.programs import preflight
 
 
 def run(capsys, *argv) -> tuple[int, list[str], dict]:
@@ -39,7 +39,7 @@ def inject(monkeypatch, rows: int, update: bool):
     out of memory, as on a card that is too small."""
     from test_rollout import OutOfMemoryAbove
 
-    import seal_mini.policy as policy_module
+    import seal_mini.engine.policy as policy_module
 
     real = policy_module.load_policy
 

@@ -15,16 +15,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from seal_mini.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
-from seal_mini.chat import ChatRenderer
 from seal_mini.config import ConfigError, load_config
-from seal_mini.env import TRUNCATED, Episode
-from seal_mini.logprobs import token_logprobs
-from seal_mini.oracle import ground_truth_turns, scripted_messages
-from seal_mini.policy import load_policy
-from seal_mini.rollout import RolloutStats, rendered_text, run_rollouts
-from seal_mini.testing import tiny_tokenizer
-from seal_mini.verifier import check
+from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.policy import load_policy
+from seal_mini.engine.render import ChatRenderer
+from seal_mini.engine.rollout import RolloutStats, rendered_text, run_rollouts
+from seal_mini.engine.tiny import tiny_tokenizer
+from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
+from seal_mini.envs.episode import TRUNCATED, Episode
+from seal_mini.envs.scripted import ground_truth_turns, scripted_messages
+from seal_mini.envs.verifier import check
 
 TASKS = tasks_by_id(["base", "miss_func"])
 
@@ -261,7 +261,7 @@ def test_any_env_with_the_protocol_and_a_template_that_strips_whitespace(policy)
 
 def test_engine_refuses_an_unsloth_patched_model(monkeypatch):
     """unsloth's forward returns a fresh KV cache instead of growing the engine's: refuse it clearly."""
-    from seal_mini.rollout import _causal_lm, _check_cache_layout
+    from seal_mini.engine.rollout import _causal_lm, _check_cache_layout
 
     policy = load_policy(load_config(None, ["model.name=tiny-random", "device=cpu"]))
     decoder_class = type(_causal_lm(policy.model).model)

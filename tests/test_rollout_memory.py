@@ -18,12 +18,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from seal_mini.bfcl import tasks_by_id
 from seal_mini.config import load_config
-from seal_mini.env import Episode
-from seal_mini.policy import load_policy
-from seal_mini.rollout import RolloutStats, kv_bytes_per_token, run_rollouts
-from seal_mini.verifier import check
+from seal_mini.engine.policy import load_policy
+from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts
+from seal_mini.envs.bfcl import tasks_by_id
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.verifier import check
 
 
 class CacheBytes(TorchDispatchMode):

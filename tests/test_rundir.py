@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from seal_mini import train as train_module
 from seal_mini.__main__ import main
 from seal_mini.config import load_config
+from seal_mini.training import train as train_module
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,13 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from seal_mini import runs
-from seal_mini import train as train_module
-from seal_mini.bfcl import pick
 from seal_mini.config import ConfigError, load_config
-from seal_mini.evaluate import ScriptedAgent, evaluate
-from seal_mini.ood import run_suite, scripted_agent
+from seal_mini.envs.splits import pick
+from seal_mini.evaluation.agents import ScriptedAgent
+from seal_mini.evaluation.heldin import evaluate
+from seal_mini.evaluation.suites import run_suite, scripted_agent
+from seal_mini.programs import dataset as runs
 from seal_mini.runio import read_json, read_jsonl_gz
+from seal_mini.training import train as train_module
 
 
 @pytest.fixture(scope="module")

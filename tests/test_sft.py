@@ -7,15 +7,16 @@ from collections import Counter
 import pytest
 import torch
 
-from seal_mini import practice, sft
-from seal_mini.bfcl import load_split, pick
-from seal_mini.chat import ChatRenderer
 from seal_mini.config import FAULT_KINDS, ConfigError, load_config
-from seal_mini.diagnose_check import FAULTS
-from seal_mini.policy import Policy, build_scratch, load_policy
-from seal_mini.rollout import run_rollouts
+from seal_mini.core.faults import FAULTS
+from seal_mini.engine.policy import Policy, build_scratch, load_policy, warm_start_dir
+from seal_mini.engine.render import ChatRenderer
+from seal_mini.engine.rollout import run_rollouts
+from seal_mini.envs import practice
+from seal_mini.envs.splits import load_split, pick
 from seal_mini.runio import read_json
-from seal_mini.sft import ABSTAIN_TEXT, demo_turns, demonstrate, ensure_warm_start, warm_start_dir
+from seal_mini.training import sft
+from seal_mini.training.sft import ABSTAIN_TEXT, demo_turns, demonstrate, ensure_warm_start
 
 SMALL = ["model.scratch.vocab=600", "model.scratch.hidden=32", "model.scratch.layers=1", "model.scratch.heads=2"]
 SMALL += ["model.scratch.kv_heads=1"]
@@ -74,7 +75,7 @@ def test_demonstration_tokens_are_what_the_rollout_engine_lays_down(scratch_poli
             out[r, message[len(so_far)]] = 0.0
         return out
 
-    from seal_mini.env import Episode
+    from seal_mini.envs.episode import Episode
 
     cfg.rollout.max_new_tokens = 400
     envs = [Episode(t) for t in tasks]
@@ -188,7 +189,7 @@ def test_missing_warm_start_and_bad_faults_are_config_errors(tmp_path):
 def test_cue_share_shows_the_interface_texts_and_changes_no_label(scratch_policy):
     """Demonstrations played through random interface states carry the cue texts the training loop may
     switch on; the demonstrated calls, and so the diagnoser's labels, stay what they are without cues."""
-    from seal_mini.interface import GUIDELINES_HEADER, SCHEMA_NOTE
+    from seal_mini.core.interface import GUIDELINES_HEADER, SCHEMA_NOTE
 
     cfg, tasks, policy = scratch_policy
     plain, _ = sft.build_demonstrations(cfg, tasks, policy.renderer)

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from seal_mini import sweep
 from seal_mini.config import ConfigError, load_config
-from seal_mini.placement import Outcome
+from seal_mini.programs import sweep
+from seal_mini.programs.placement import Outcome
 from seal_mini.runio import write_json
 
 

@@ -13,11 +13,12 @@ import pytest
 
 pytest.importorskip("tau2", reason="optional extra: pip install -r requirements-ood.txt")
 
-from seal_mini import tau2_eval  # noqa: E402
 from seal_mini.config import ConfigError, load_config  # noqa: E402
-from seal_mini.ood import REFUSED, NetworkRefused, active_guards, loopback_only  # noqa: E402
-from seal_mini.runio import read_json, read_jsonl_gz  # noqa: E402
-from seal_mini.tau2_eval import (  # noqa: E402
+from seal_mini.engine.tiny import Interrupting  # noqa: E402
+from seal_mini.envs.toolcalls import format_call  # noqa: E402
+from seal_mini.evaluation import tau2 as tau2_eval  # noqa: E402
+from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards, loopback_only  # noqa: E402
+from seal_mini.evaluation.tau2 import (  # noqa: E402
     InProcessUser,
     ScriptedUser,
     Tau2Episode,
@@ -25,8 +26,7 @@ from seal_mini.tau2_eval import (  # noqa: E402
     evaluate_tau2,
     load_tasks,
 )
-from seal_mini.testing import Interrupting  # noqa: E402
-from seal_mini.toolcalls import format_call  # noqa: E402
+from seal_mini.runio import read_json, read_jsonl_gz  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,7 +188,7 @@ def test_no_network_inside_the_suite(tmp_path):
 def test_importing_tau2_attempts_no_network_access():
     """In a fresh interpreter (nothing imported yet), importing tau2 and litellm the suite's way tries
     no connection and no lookup outside loopback: the guard's record of refusals stays empty."""
-    code = "from seal_mini.ood import REFUSED; from seal_mini.tau2_eval import tau2; tau2(); print(len(REFUSED))"
+    code = "from seal_mini.evaluation.ood import REFUSED; from seal_mini.evaluation.tau2 import tau2; tau2(); print(len(REFUSED))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "0"
@@ -271,8 +271,8 @@ def test_in_process_user_prompt_and_device_calls():
 
 
 def test_tiny_model_through_the_rollout_engine(tmp_path):
-    from seal_mini.evaluate import ModelAgent
-    from seal_mini.policy import load_policy
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.evaluation.agents import ModelAgent
 
     # the telecom prompt (policy + manual + tools) is about 11k tiny-tokenizer tokens
     cfg = load_config(

@@ -5,11 +5,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from seal_mini import tracking
-from seal_mini import train as train_module
 from seal_mini.config import ConfigError, load_config
 from seal_mini.runio import read_metrics
-from seal_mini.tracking import Tracker, check_backends, numeric
+from seal_mini.training import tracking
+from seal_mini.training import train as train_module
+from seal_mini.training.tracking import Tracker, check_backends, numeric
 
 SMOKE = ["train.steps=3", "train.eval_every=0", "train.print_samples=1"]
 

@@ -6,14 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from seal_mini import train as train_module
-from seal_mini.bfcl import load_split, pick, tasks_by_id
 from seal_mini.config import ConfigError, load_config
-from seal_mini.grpo import group_advantages
-from seal_mini.policy import load_policy
-from seal_mini.rollout import run_rollouts
+from seal_mini.core.grpo import group_advantages
+from seal_mini.engine.policy import load_policy
+from seal_mini.engine.rollout import run_rollouts
+from seal_mini.envs.bfcl import tasks_by_id
+from seal_mini.envs.splits import load_split, pick
+from seal_mini.envs.verifier import Verdict
 from seal_mini.runio import read_metrics
-from seal_mini.verifier import Verdict
+from seal_mini.training import train as train_module
 
 TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from seal_mini import __main__ as cli
-from seal_mini import train as train_module
-from seal_mini.verifier import Verdict
+from seal_mini.envs.verifier import Verdict
+from seal_mini.training import train as train_module
 
 RANK = int(os.environ.get("RANK", "0"))
 

@@ -1,0 +1,355 @@
+"""Faults injected into ground-truth episodes: each kind makes one turn fail in a way a label names.
+
+`plan(task)` lays out a task's reference calls; a builder (BUILDERS[kind]) rewrites one turn of that plan
+into the assistant messages of a faulty turn, or says the fault cannot be made there. diagnose-check
+uses them to prove the diagnoser (the label at the faulted turn must be the fault's expected label); the
+warm start (seal_mini.training.sft) uses them to show the model failures the diagnoser can name.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from dataclasses import dataclass
+
+from seal_mini.config import EnvConfig
+from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
+from seal_mini.envs.episode import new_instances, public_methods
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
+from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
+
+# fault kind -> (expected label at the faulted turn, what is injected)
+FAULTS: dict[str, tuple[str, str]] = {
+    "malformed_call": ("invalid_tool_call", "one call of the turn is written as broken JSON"),
+    "tool_not_offered": ("invalid_tool_call", "one call names a tool the task does not offer (yet)"),
+    "missing_required_argument": ("argument_mismatch", "one call leaves out a required argument"),
+    "wrong_argument_type": ("argument_mismatch", "one argument gets a value of another JSON type"),
+    "wrong_argument_value": ("state_mismatch", "a state-changing call gets another value of the right type"),
+    "dropped_state_call": ("state_mismatch", "a state-changing call of a multi-call turn is left out"),
+    "dropped_read_call": ("response_mismatch", "a read-only call whose output the turn shows is left out"),
+    "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
+    "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
+    "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
+    "one_line_call": (
+        "invalid_tool_call",
+        "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)",
+    ),
+    "fenced_call": ("invalid_tool_call", "one call's JSON inside a ```json fence between the tags"),
+    "two_calls_one_block": ("invalid_tool_call", "two calls' JSON objects in one <tool_call> block"),
+    "repaired_malformed_call": ("pass", "one call of a turn broken next to the others, then sent again correctly"),
+    "repaired_failing_call": ("pass", "a read-only call fails, then is sent again correctly"),
+}
+MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
+"""BFCL's per-turn limit on tool-calling messages; a longer turn is scripted with several calls per message."""
+
+
+# --- what each ground-truth call does -----------------------------------------------------------------
+
+
+@dataclass
+class PlannedCall:
+    name: str
+    arguments: dict
+    changes_state: bool
+    """Executing it changed the public state of its back end (in the ground truth's own run)."""
+    owner: str = ""
+    """The back-end class that implements it."""
+
+
+def plan(task: Task) -> list[list[PlannedCall]]:
+    """The ground truth's calls per turn, each marked by whether it changes the public state."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    turns = []
+    for calls in ground_truth_turns(task):
+        planned = []
+        for name, arguments in calls:
+            instance = methods[name].__self__
+            before = pickle.loads(pickle.dumps({k: v for k, v in vars(instance).items() if not k.startswith("_")}))
+            try:
+                methods[name](**copy.deepcopy(arguments))  # back ends keep (and later grow) lists passed in
+            except Exception:  # noqa: BLE001 - a raising reference call changes nothing we need to know
+                pass
+            after = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
+            planned.append(PlannedCall(name, arguments, after != before, type(instance).__name__))
+        turns.append(planned)
+    return turns
+
+
+def offered_schemas(task: Task, turn: int) -> dict[str, dict]:
+    """Tool name -> JSON-schema parameters of the tools offered at a turn."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    return {d["name"]: to_chat_tool(d)["function"]["parameters"] for d in docs}
+
+
+def _clean(task: Task, p: list[list[PlannedCall]], turn: int) -> list[int]:
+    """Calls of the turn that fit the tools offered at that turn. A few reference calls break the
+    schema themselves (a string ticket id; a held-out tool used before its reveal): a fault is only
+    injected into a clean call, so that it is the one problem of its turn."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    tools = {d["name"]: to_chat_tool(d) for d in docs}
+    out = []
+    for i, c in enumerate(p[turn]):
+        checked = validate_call({"name": c.name, "arguments": c.arguments}, tools)
+        if isinstance(checked, ToolCall) and not checked.violation:
+            out.append(i)
+    return out
+
+
+# --- fault builders: (task, plan, turn, rng) -> (the turn's <tool_call> blocks, note), or None where the
+# fault cannot be made at that turn. The turn ends with a final answer; every other turn replays the
+# ground truth.
+
+
+def call_blocks(calls: list[tuple[str, dict]]) -> list[str]:
+    return [format_call(n, a) for n, a in calls]
+
+
+def turn_messages(blocks: list[str], parallel: bool = False, final: str | None = DONE_TEXT) -> list[str]:
+    """A turn's assistant messages: one call per message, as an agent that reads each result before
+    its next call (parallel: all calls in one message, as the oracle scripts), then the final answer."""
+    # A turn needing more calls than the per-turn message limit (a few long_context turns) can only
+    # be done with several calls per message.
+    parallel = parallel or len(blocks) > MAX_MESSAGES_PER_TURN
+    calls = (["\n".join(blocks)] if parallel else list(blocks)) if blocks else []
+    return calls + ([final] if final is not None else [])
+
+
+def as_pairs(calls: list[PlannedCall]) -> list[tuple[str, dict]]:
+    return [(c.name, dict(c.arguments)) for c in calls]
+
+
+def _malformed(task, p, turn, rng):
+    if not p[turn]:
+        return None
+    calls = as_pairs(p[turn])
+    i = rng.randrange(len(calls))
+    blocks = [format_call(n, a) for n, a in calls]
+    body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
+    blocks[i] = f"{OPEN}\n{body[:-1]}\n{CLOSE}"  # the closing brace is missing
+    return blocks, f"{calls[i][0]} broken"
+
+
+def _not_offered(task, p, turn, rng):
+    if not p[turn]:
+        return None
+    calls = as_pairs(p[turn])
+    i = rng.randrange(len(calls))
+    # miss_func: a held-out tool called (with the arguments the ground truth later gives it) before
+    # its reveal. Elsewhere: a real BFCL tool of a back end the task does not involve.
+    for reveal, docs in sorted(task.held_out.items()):
+        names = {d["name"] for d in docs}
+        later = [c for calls_ in p[reveal:] for c in calls_ if c.name in names]
+        if turn < reveal and later:
+            calls[i] = (later[0].name, dict(later[0].arguments))
+            return call_blocks(calls), f"held-out {later[0].name} before its reveal"
+    offered = {d["name"] for d in task.tools} | {d["name"] for ds in task.held_out.values() for d in ds}
+    foreign = [name for name in foreign_tool_names(task) if name not in offered]
+    calls[i] = (rng.choice(foreign), calls[i][1])
+    return call_blocks(calls), f"{calls[i][0]} instead of {p[turn][i].name}"
+
+
+def _argument_fault(pick):
+    """A builder that changes one call's arguments: pick(call, schema, rng) -> (arguments, note) or None."""
+
+    def build(task, p, turn, rng):
+        schemas = offered_schemas(task, turn)
+        options = [i for i in _clean(task, p, turn) if pick(p[turn][i], schemas[p[turn][i].name], None)]
+        if not options:
+            return None
+        i = rng.choice(options)
+        calls = as_pairs(p[turn])
+        arguments, note = pick(p[turn][i], schemas[calls[i][0]], rng)
+        calls[i] = (calls[i][0], arguments)
+        return call_blocks(calls), f"{calls[i][0]}: {note}"
+
+    return build
+
+
+def _choose(options: list, rng):
+    """rng.choice, or the first option when only asked whether there is one (rng None)."""
+    return options[0] if rng is None else rng.choice(options)
+
+
+def _drop_required(call, schema, rng):
+    present = [a for a in schema.get("required", []) if a in call.arguments]
+    if not present:
+        return None
+    arg = _choose(present, rng)
+    return {k: v for k, v in call.arguments.items() if k != arg}, f"without {arg}"
+
+
+_OTHER_TYPE = {"string": 404, "integer": "7", "number": "7.5", "boolean": "yes", "array": "x", "object": "x"}
+
+
+def _retype(call, schema, rng):
+    props = schema.get("properties", {})
+    typed = [a for a in call.arguments if props.get(a, {}).get("type") in _OTHER_TYPE]
+    if not typed:
+        return None
+    arg = _choose(typed, rng)
+    value = _OTHER_TYPE[props[arg]["type"]]
+    return {**call.arguments, arg: value}, f"{arg} as {type(value).__name__}"
+
+
+def _other_value(value, spec: dict):
+    """Another value of the same JSON type (inside the enum when there is one), or None."""
+    if "enum" in spec:
+        others = [v for v in spec["enum"] if v != value]
+        return others[0] if others else None
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value + 1.5
+    if isinstance(value, str):
+        return value + "_x"
+    if isinstance(value, list) and value:
+        return value[:-1] if len(value) > 1 else [_other_value(value[0], {})]
+    return None
+
+
+def _revalue(call, schema, rng):
+    if not call.changes_state:
+        return None
+    props = schema.get("properties", {})
+    options = [a for a, v in call.arguments.items() if _other_value(v, props.get(a, {})) is not None]
+    if not options:
+        return None
+    arg = _choose(options, rng)
+    return {**call.arguments, arg: _other_value(call.arguments[arg], props.get(arg, {}))}, f"{arg} changed"
+
+
+def _final_reads(calls: list[PlannedCall]) -> list[int]:
+    """Read-only calls after which the turn calls nothing else of the same back end: leaving one out or
+    making it fail touches the turn's outputs only, not a later call through hidden state (a `cd`
+    moves the file system's private working directory and every later file call with it)."""
+    return [
+        i for i, c in enumerate(calls) if not c.changes_state and not any(d.owner == c.owner for d in calls[i + 1 :])
+    ]
+
+
+def _drop(want_state: bool):
+    def build(task, p, turn, rng):
+        calls = p[turn]
+        if len(calls) < 2:  # leaving out the only call would make a missing_tool_call instead
+            return None
+        options = [i for i, c in enumerate(calls) if c.changes_state] if want_state else _final_reads(calls)
+        if not options:
+            return None
+        kept = as_pairs(calls)
+        dropped = kept.pop(rng.choice(options))
+        return call_blocks(kept), f"{dropped[0]} left out"
+
+    return build
+
+
+def _spurious(task, p, turn, rng):
+    if p[turn]:
+        return None
+    offered = offered_schemas(task, turn)
+    pool = [c for calls in p for c in calls if c.name in offered]
+    if not pool:
+        return None
+    c = rng.choice([c for c in pool if not c.changes_state] or pool)  # a read, where the task has one
+    return call_blocks([(c.name, dict(c.arguments))]), f"{c.name} called"
+
+
+def _no_call(task, p, turn, rng):
+    return ([], "answered without a call") if p[turn] else None
+
+
+def _failing(task, p, turn, rng):
+    clean = _clean(task, p, turn)
+    options = [
+        i
+        for i in _final_reads(p[turn])
+        if i in clean and any(isinstance(v, str) for v in p[turn][i].arguments.values())
+    ]
+    if not options:
+        return None
+    i = rng.choice(options)
+    calls = as_pairs(p[turn])
+    name, arguments = calls[i]
+    arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
+    calls[i] = (name, {**arguments, arg: "no_such_" + arguments[arg]})
+    return call_blocks(calls), f"{name}({arg}=no_such_...) fails"
+
+
+def _written(form: str):
+    """A builder that writes one call of the turn in a form BFCL's decoder does not read."""
+
+    def build(task, p, turn, rng):
+        if not p[turn]:
+            return None
+        calls = as_pairs(p[turn])
+        i = rng.randrange(len(calls))
+        body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
+        blocks = call_blocks(calls)
+        blocks[i] = f"{OPEN}{body}{CLOSE}" if form == "one_line" else f"{OPEN}\n```json\n{body}\n```\n{CLOSE}"
+        return blocks, f"{calls[i][0]} written {form}"
+
+    return build
+
+
+def _two_in_one(task, p, turn, rng):
+    if len(p[turn]) < 2:
+        return None
+    calls = as_pairs(p[turn])
+    i = rng.randrange(len(calls) - 1)
+    both = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls[i : i + 2])
+    return call_blocks(calls[:i]) + [f"{OPEN}\n{both}\n{CLOSE}"] + call_blocks(
+        calls[i + 2 :]
+    ), f"{calls[i][0]} + {calls[i + 1][0]}"
+
+
+REPAIRED = ("repaired_malformed_call", "repaired_failing_call")
+"""Kinds scripted as exact messages: all of the turn's calls in one message (one of them broken), then
+the broken one alone, corrected, in the next message (the repair), then the final answer."""
+
+
+def _repaired(failing: bool):
+    def build(task, p, turn, rng):
+        calls = as_pairs(p[turn])
+        if failing:
+            clean = _clean(task, p, turn)
+            options = [
+                i for i in _final_reads(p[turn]) if i in clean and any(isinstance(v, str) for v in calls[i][1].values())
+            ]
+        else:  # the last call, so that the repair runs in the reference's order; another must run next to it
+            options = [len(calls) - 1] if len(calls) >= 2 else []
+        if not options:
+            return None
+        i = rng.choice(options)
+        name, arguments = calls[i]
+        if failing:
+            arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
+            first = format_call(name, {**arguments, arg: "no_such_" + arguments[arg]})
+        else:
+            first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
+        message = "\n".join(call_blocks(calls[:i]) + [first] + call_blocks(calls[i + 1 :]))
+        return [message, format_call(name, arguments)], f"{name} {'failed' if failing else 'broken'}, then repaired"
+
+    return build
+
+
+BUILDERS = {
+    "malformed_call": _malformed,
+    "tool_not_offered": _not_offered,
+    "missing_required_argument": _argument_fault(_drop_required),
+    "wrong_argument_type": _argument_fault(_retype),
+    "wrong_argument_value": _argument_fault(_revalue),
+    "dropped_state_call": _drop(want_state=True),
+    "dropped_read_call": _drop(want_state=False),
+    "spurious_call": _spurious,
+    "no_call_answer": _no_call,
+    "unrepaired_error": _failing,
+    "one_line_call": _written("one_line"),
+    "fenced_call": _written("fenced"),
+    "two_calls_one_block": _two_in_one,
+    "repaired_malformed_call": _repaired(failing=False),
+    "repaired_failing_call": _repaired(failing=True),
+}
+assert set(BUILDERS) == set(FAULTS)

@@ -1,0 +1,306 @@
+"""Load the policy: a causal LM with a LoRA adapter, its tokenizer and its chat renderer.
+
+One function, `load_policy(cfg)`, picks how (`model.backend`):
+  unsloth  FastLanguageModel with 4-bit weights; needs a CUDA GPU and the optional unsloth extra
+           (requirements-gpu.txt). Imported only here, only when chosen.
+  hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
+           precision on CPU unless model.cpu_4bit.
+  auto     hf, for now: unsloth's patched forward does not fit the rollout engine's KV cache.
+The reference policy of the KL term is the same model with the adapter switched off
+(`policy.reference()`), so there is never a second copy of the weights in memory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from seal_mini.config import Config, ConfigError
+from seal_mini.engine import attention
+from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
+from seal_mini.engine.render import ChatRenderer
+
+TINY = "tiny-random"
+SCRATCH = "scratch"
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    """The peft-wrapped causal LM; its LoRA parameters are the only trainable ones."""
+    tokenizer: object
+    renderer: ChatRenderer
+    device: torch.device
+    backend: str
+    """unsloth | hf: what actually loaded it."""
+    dtype: torch.dtype
+    """Compute dtype (float32 on CPU)."""
+    limits: MemoryLimits = field(default_factory=MemoryLimits)
+    """Rollout and update settings an out-of-memory error made smaller (see seal_mini.engine.device)."""
+
+    def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
+        """The conversation as the model sees it (the chat template, tools as model.tool_format says)."""
+        return self.renderer.render(messages, tools, add_generation_prompt)
+
+    @contextmanager
+    def reference(self):
+        """Inside this block the model is the frozen base: the adapter is switched off."""
+        with self.model.disable_adapter():
+            yield self.model
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA parameters (what the optimizer updates)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def resolve_backend(cfg: Config, device: torch.device) -> str:
+    """The backend `model.backend` resolves to on this machine."""
+    wanted = cfg.model.backend
+    has_unsloth = importlib.util.find_spec("unsloth") is not None
+    special = cfg.model.name in (TINY, SCRATCH) or bool(cfg.model.gguf_file) or cfg.sft.enabled
+    if wanted == "auto":
+        # unsloth replaces the model's forward with an inference path that returns a new KV cache
+        # instead of growing the one it is given, which the rollout engine relies on; until that is
+        # bridged and checked on a GPU, auto means transformers + bitsandbytes + peft.
+        return "hf"
+    if wanted == "unsloth":
+        if device.type != "cuda":
+            raise ConfigError("model.backend: unsloth needs a CUDA GPU; use model.backend=hf on CPU")
+        if not has_unsloth:
+            raise ConfigError(
+                "model.backend: unsloth is not installed; pip install -r requirements-gpu.txt -c requirements.txt "
+                "(SEAL_MINI_UNSLOTH=1 bash run.sh does this where a GPU is present) or use model.backend=hf"
+            )
+        if special:
+            raise ConfigError(
+                "model.backend: unsloth cannot load tiny-random, scratch, GGUF or warm-start models; use model.backend=hf"
+            )
+    return wanted
+
+
+WARM_START = "warm_start"
+"""The run directory's folder for the warm start that `sft` builds (seal_mini.training.sft) and RL starts from."""
+
+
+def warm_start_dir(cfg: Config) -> Path:
+    return cfg.run_dir / WARM_START
+
+
+def build_scratch(cfg: Config, tasks: list | None = None):
+    """(random causal LM, tokenizer) for model.name: scratch: a BPE tokenizer trained on the training
+    tasks (and the interface's cue texts), a Qwen2 sized by model.scratch, weights from cfg.seed."""
+    from seal_mini.engine import scratch
+
+    if tasks is None:
+        from seal_mini.envs.splits import load_split, pick
+
+        tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
+    size = cfg.model.scratch
+    corpus = scratch.task_corpus(tasks) + scratch.cue_texts()
+    tokenizer = scratch.chat_tokenizer(scratch.train_tokenizer_json(corpus, size.vocab))
+    model = scratch.random_model(tokenizer, cfg.seed, size.hidden, size.layers, size.heads, size.kv_heads, size.mlp)
+    return model, tokenizer
+
+
+def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, tasks: list | None = None):
+    """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it.
+    With sft.enabled the backbone is the run's warm start (seal_mini/training/sft.py), not model.name."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    name = cfg.model.name
+    if cfg.sft.enabled and tasks is None:  # tasks are given while the warm start itself is being built
+        name = str(warm_start_dir(cfg))
+        if not (Path(name) / "config.json").is_file():
+            raise ConfigError(
+                f"sft.enabled: no warm start in {name}; build it with `python -m seal_mini sft RECIPE` "
+                "(train and pipeline build it themselves)"
+            )
+    elif name == TINY:
+        from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        return tiny_model(tokenizer).to(device=device, dtype=dtype), tokenizer
+    elif name == SCRATCH:
+        model, tokenizer = build_scratch(cfg, tasks)
+        return model.to(device=device, dtype=dtype), tokenizer
+
+    kwargs: dict = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation}
+    quantize = cfg.model.load_in_4bit and not cfg.model.gguf_file and (device.type == "cuda" or cfg.model.cpu_4bit)
+    if quantize:
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+        )
+        kwargs["device_map"] = {"": str(device)}
+    if cfg.model.gguf_file:
+        kwargs["gguf_file"] = cfg.model.gguf_file
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, gguf_file=cfg.model.gguf_file or None)
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except OSError as e:
+        raise ConfigError(
+            f"model.name: cannot load {name!r} ({str(e).splitlines()[0]}); give a local folder, "
+            "a hub id already in the local cache, tiny-random or scratch"
+        ) from None
+    if not quantize:
+        model = model.to(device)
+    if quantize and device.type == "cpu":
+        # On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights on the first no-grad forward and
+        # later backward passes come out wrong; the plain CPU kernel is correct.
+        import bitsandbytes as bnb
+
+        for module in model.modules():
+            if isinstance(module, bnb.nn.Linear4bit):
+                module.support_avx512bf16_for_cpu = False
+    if cfg.model.gguf_file:  # GGUF weights arrive dequantized; forget the quantizer so saving works
+        model.hf_quantizer = None
+        model.config.quantization_config = None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def use_cpu_threads(cfg: Config) -> None:
+    """Set torch's CPU thread count where the recipe asks for one (cpu_threads)."""
+    if cfg.cpu_threads:
+        torch.set_num_threads(cfg.cpu_threads)
+
+
+def load_backbone(cfg: Config, tasks: list):
+    """(model, tokenizer, renderer, device) without adapter, for building the warm start on `tasks`:
+    model.name itself (a model built from scratch: its tokenizer learns from these tasks)."""
+    device = resolve_device(cfg.device)
+    use_cpu_threads(cfg)
+    dtype, _ = compute_dtype(cfg.model.dtype, device)
+    model, tokenizer = load_hf_base(cfg, device, dtype, tasks)
+    if cfg.model.attn_implementation == "sdpa":
+        model.set_attn_implementation(attention.register())
+    return model, tokenizer, ChatRenderer(tokenizer, cfg.model.tool_format), device
+
+
+def add_lora(model, cfg: Config):
+    """Wrap the base model with a fresh LoRA adapter (seeded), or the one at lora.adapter_path."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if cfg.model.gradient_checkpointing:
+        # Only active in train mode (the update); rollouts run in eval mode with a KV cache.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.lora.adapter_path:
+        path = Path(cfg.lora.adapter_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
+        return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    lora = LoraConfig(
+        r=cfg.lora.rank,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=list(cfg.lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    try:
+        with torch.random.fork_rng(devices=[]):  # the adapter's init depends on cfg.seed alone
+            torch.manual_seed(cfg.seed)
+            return get_peft_model(model, lora)
+    except ValueError as e:
+        raise ConfigError(f"lora.target_modules: {e}") from None
+
+
+def _load_unsloth(cfg: Config, dtype: torch.dtype):
+    """(peft model, tokenizer) through unsloth's FastLanguageModel (GPU only)."""
+    from unsloth import FastLanguageModel  # optional GPU extra, imported only when chosen
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=cfg.model.name,
+        max_seq_length=cfg.rollout.max_total_tokens,
+        dtype=dtype,
+        load_in_4bit=cfg.model.load_in_4bit,
+    )
+    if cfg.lora.adapter_path:
+        from peft import PeftModel
+
+        path = Path(cfg.lora.adapter_path)
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
+        model = PeftModel.from_pretrained(model, str(path), is_trainable=True)
+    else:
+        model = FastLanguageModel.get_peft_model(
+            model,
+            r=cfg.lora.rank,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=list(cfg.lora.target_modules),
+            bias="none",
+            use_gradient_checkpointing="unsloth" if cfg.model.gradient_checkpointing else False,
+            random_state=cfg.seed,
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def load_policy(cfg: Config, banner: bool = True) -> Policy:
+    """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates;
+    prints the start banner (device, dtype, backend, 4-bit, KV budget and slots) unless banner=False."""
+    device = resolve_device(cfg.device)
+    use_cpu_threads(cfg)
+    dtype, dtype_reason = compute_dtype(cfg.model.dtype, device)
+    backend = resolve_backend(cfg, device)
+    if backend == "unsloth":
+        model, tokenizer = _load_unsloth(cfg, dtype)
+    else:
+        base, tokenizer = load_hf_base(cfg, device, dtype)
+        if cfg.model.attn_implementation == "sdpa":
+            base.set_attn_implementation(attention.register())  # sdpa without the per-step K/V copy
+        model = add_lora(base, cfg)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra_stops = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    renderer = ChatRenderer(tokenizer, cfg.model.tool_format, extra_stop_ids=extra_stops)
+    model.eval()
+    policy = Policy(model, tokenizer, renderer, device, backend, dtype)
+    if banner:
+        print(start_banner(policy, cfg, dtype_reason), flush=True)
+    return policy
+
+
+def is_4bit(model: torch.nn.Module) -> bool:
+    """Whether the base weights are bitsandbytes 4-bit."""
+    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
+
+
+def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
+    """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
+    from seal_mini.engine.rollout import _causal_lm, concurrency, kv_budget, kv_bytes_per_token
+
+    where = (
+        f"cuda ({gpu_name(policy.device)})"
+        if policy.device.type == "cuda"
+        else f"cpu ({torch.get_num_threads()} threads)"
+    )
+    per_token = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype)
+    budget, source = kv_budget(policy, cfg.rollout)
+    wave = cfg.train.tasks_per_step * cfg.rollout.group_size
+    slots = concurrency(policy, cfg.rollout, wave)
+    if cfg.rollout.max_concurrent:
+        kv = f"rollout.max_concurrent {cfg.rollout.max_concurrent} (KV {per_token * cfg.rollout.max_total_tokens * slots / 2**30:.2f} GB)"
+    else:
+        kv = f"KV budget {budget / 2**30:.2f} GB ({source})"
+    return (
+        f"[device] {where} | {policy.dtype} ({dtype_reason}) | backend {policy.backend} | "
+        f"4-bit {'nf4' if is_4bit(policy.model) else 'no'} | {kv} -> {slots} slots of "
+        f"{cfg.rollout.max_total_tokens} tokens for a round of {wave} episodes"
+    )
+
+
+def save_adapter(policy: Policy, path: str | Path) -> Path:
+    """Write the LoRA adapter (only the adapter: the base comes from model.name) to a folder."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    policy.model.save_pretrained(str(path))
+    return path

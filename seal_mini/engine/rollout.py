@@ -1,0 +1,820 @@
+"""Batched multi-turn rollouts whose token sequences are exactly what the model saw and sampled.
+
+Each episode is one growing token sequence:
+  prompt (system, tools, first user turn, start of the assistant turn)   loss_mask 0
+  the assistant's tokens, verbatim as sampled (never decoded and re-encoded),
+    with their sampling-time log-probs                                   loss_mask 1
+  whatever the chat template puts next: the end of the turn if the message was cut, tool results,
+    the next user turn, the start of the next assistant turn             loss_mask 0
+Observation tokens come from rendering the whole conversation with the chat template and tokenizing
+only the text beyond what the sequence already spells (seal_mini.engine.render.ChatRenderer.continuation), so
+decoding a finished sequence gives the template's rendering of the episode's messages.
+
+The code comes in two parts. `_Sequences` is the bookkeeping of one episode's tokens and messages
+(no model in it); `_Batch` does the batched model work for many episodes. `_Engine.run` joins them.
+
+How the work is scheduled:
+  - Slots. The KV cache is one block allocated once per call, (layers, K/V, slots, KV heads,
+    max_total_tokens, head dim): each live episode owns a slot with room for the longest sequence it
+    may grow to, and its keys and values are written into it in place. So the cache holds its budget
+    and nothing more whatever the mix of lengths; no batch is ever rebuilt by copying caches. The
+    number of slots comes from rollout.kv_budget_gb (or rollout.max_concurrent); when an episode
+    ends, the next waiting one takes its slot.
+  - Cache reuse. A live episode keeps its cache across its model calls, so every token of its
+    sequence goes through the model once; the G samples of a task share one prefill of their prompt
+    (copied from slot to slot).
+  - Batching. All live episodes decode together, one token each per forward, over slots 0..n-1 (when
+    one ends, the one in the last slot moves into its place). One that finishes a message steps its
+    environment, its new tokens are prefilled (batched with others of similar length) and it decodes
+    again, so no episode waits for the slowest message of the batch.
+  - Sampling. Each episode draws from its own random stream, seeded by (seed, task, sample), so what
+    it samples does not depend on how many episodes run beside it, nor on which rank runs it.
+  - Out of GPU memory. The call keeps the episodes that finished, halves the slots and runs the rest
+    again from their start (same streams, so the same samples), saying what shrank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from seal_mini.config import ConfigError, RolloutConfig
+from seal_mini.engine import device as devices
+
+
+class EnvLike(Protocol):
+    """What the engine needs from an episode (seal_mini.envs.episode.Episode and interface wrappers fit)."""
+
+    done: bool
+
+    def reset(self) -> tuple[list[dict], list[dict]]: ...
+
+    def step(self, text: str) -> Any: ...
+
+    def truncate(self) -> None: ...
+
+
+@dataclass
+class Trajectory:
+    """One finished episode: its token sequence with masks and log-probs, and its conversation."""
+
+    task_id: str
+    env: Any
+    """The episode object after it ended (its records feed the verifier and the diagnoser)."""
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on tokens the model sampled, 0 on everything else."""
+    old_logprobs: list[float]
+    """Log-prob of each sampled token under the model's own distribution (temperature 1, no top-p)
+    when it was sampled; 0.0 where loss_mask is 0."""
+    prompt_len: int
+    truncated: bool
+    """A length limit (prompt, response or total tokens) ended the episode."""
+    messages: list[dict]
+    """The conversation (env roles: system, user, assistant, tool) whose rendering the tokens spell."""
+    tools: list[dict]
+    n_sampled: int = 0
+    n_messages: int = 0
+    """Model calls (assistant messages)."""
+    n_cut: int = 0
+    """Messages cut at rollout.max_new_tokens (their end-of-turn token was appended, loss_mask 0)."""
+    exact: bool = True
+    """decode(input_ids) == render(messages). False only when the template rewrites an assistant
+    message (e.g. strips whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+
+
+@dataclass
+class RolloutStats:
+    """What one run_rollouts call did (for benchmarks, logs and preflight)."""
+
+    episodes: int = 0
+    concurrency: int = 0
+    """Slots: episodes that held a cache at once (after any out-of-memory retry)."""
+    kv_cache_bytes: int = 0
+    """Memory of the slots' KV cache (the largest one allocated)."""
+    out_of_memory: int = 0
+    """Out-of-memory errors survived by running again with fewer slots or smaller prefill pieces."""
+    sampled_tokens: int = 0
+    sequence_tokens: int = 0
+    """Tokens in all final sequences: the distinct tokens of the run."""
+    model_tokens: int = 0
+    """Real (not padding) tokens fed through the model, prefill and decode."""
+    prefilled_tokens: int = 0
+    """The part of model_tokens fed by prefill forwards (prompts, tool results, user turns)."""
+    pad_tokens: int = 0
+    """Padding positions fed through the model in prefill batches."""
+    forwards: int = 0
+    decode_steps: int = 0
+    kv_columns: int = 0
+    """Sum over decode steps of rows x cache width (attention keys read, padding included)."""
+    kv_used: int = 0
+    """The same sum counting real tokens only."""
+    seconds: float = 0.0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    def summary(self) -> dict:
+        """Numbers for a log line: rates and the recompute ratio (1.0 = every token computed once)."""
+        decoded = self.model_tokens - self.prefilled_tokens
+        return {
+            "episodes": self.episodes,
+            "concurrency": self.concurrency,
+            "kv_cache_mb": round(self.kv_cache_bytes / 2**20, 1),
+            "out_of_memory": self.out_of_memory,
+            "sampled_tokens": self.sampled_tokens,
+            "sequence_tokens": self.sequence_tokens,
+            "model_tokens_per_sequence_token": round(self.model_tokens / max(self.sequence_tokens, 1), 3),
+            "prefill_pad_fraction": round(self.pad_tokens / max(self.pad_tokens + self.prefilled_tokens, 1), 3),
+            "kv_pad_fraction": round(1 - self.kv_used / max(self.kv_columns, 1), 3),
+            "forwards": self.forwards,
+            "decode_steps": self.decode_steps,
+            "seconds": round(self.seconds, 3),
+            "prefill_seconds": round(self.prefill_seconds, 3),
+            "decode_seconds": round(self.decode_seconds, 3),
+            "prefill_tokens_per_s": round(self.prefilled_tokens / max(self.prefill_seconds, 1e-9), 1),
+            "decode_tokens_per_s": round(decoded / max(self.decode_seconds, 1e-9), 1),
+            "sampled_tokens_per_s": round(self.sampled_tokens / max(self.seconds, 1e-9), 1),
+        }
+
+
+LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
+"""(env index of each row, ids sampled so far in each row's message, logits (R, V)) -> logits to sample
+from. Only sampling sees the result; old_logprobs always come from the model's own logits."""
+
+
+# --- sampling (pure) --------------------------------------------------------------------------------
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(R, V) logits -> (R,) token ids. Temperature 0 is greedy; top_p < 1 keeps the smallest set of
+    tokens whose probability reaches top_p. Row r uses uniforms[r] if given, else a draw from `generator`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (R, V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already reaches top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    # Inverse-CDF sampling: one uniform per row (a CPU generator gives the same draws on any device) moves
+    # to the logits' device, so the (R, V) probabilities never leave the GPU.
+    if uniforms is None:
+        uniforms = torch.rand(
+            probs.shape[0], generator=generator, device=generator.device if generator else probs.device
+        )
+    assert uniforms.shape == (probs.shape[0],), f"need one uniform per row, got {tuple(uniforms.shape)}"
+    cdf = probs.double().cumsum(dim=-1)  # (R, V), float64 so the tail of a large vocabulary keeps its mass
+    target = uniforms.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
+    # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
+    return tokens.clamp(max=probs.shape[-1] - 1)
+
+
+def sample_numbers(task_ids: list[str]) -> list[int]:
+    """For each episode, how many episodes of the same task come before it: the `sample` of its stream."""
+    seen: dict[str, int] = {}
+    out = []
+    for task in task_ids:
+        seen[task] = seen.get(task, -1) + 1
+        out.append(seen[task])
+    return out
+
+
+def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
+    """The seed of one episode's random stream: a hash of (seed..., task id, sample number), so the
+    stream is the same whichever episodes run beside it, in whatever order."""
+    key = "/".join(str(s) for s in (*(seed if isinstance(seed, tuple) else (seed,)), task_id, sample))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+# --- how many episodes at once ----------------------------------------------------------------------
+
+CPU_KV_BUDGET_GB = 2.0
+"""The KV budget on CPU when rollout.kv_budget_gb is 0."""
+GPU_KV_SHARE = 0.7
+"""Share of the GPU memory free after loading that rollouts give to the KV cache when
+rollout.kv_budget_gb is 0; the rest holds prefill activations, logits and allocator slack."""
+
+
+def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _kv_shape(model_config) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a decoder config."""
+    c = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    return c.num_hidden_layers, kv_heads, head_dim
+
+
+def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
+    """Bytes of KV cache one token takes: layers x KV heads x head dim x 2 (K and V) x dtype bytes."""
+    layers, kv_heads, head_dim = _kv_shape(model_config)
+    return layers * kv_heads * head_dim * 2 * torch.empty(0, dtype=dtype).element_size()
+
+
+def kv_budget(policy, cfg: RolloutConfig) -> tuple[int, str]:
+    """(bytes, where the number comes from) of the KV cache one wave of rollouts may hold."""
+    if cfg.kv_budget_gb:
+        return int(cfg.kv_budget_gb * 2**30), "rollout.kv_budget_gb"
+    if policy.device.type == "cuda":
+        return int(GPU_KV_SHARE * devices.free_bytes(policy.device)), f"{GPU_KV_SHARE:.0%} of free GPU memory"
+    return int(CPU_KV_BUDGET_GB * 2**30), f"{CPU_KV_BUDGET_GB:g} GB on CPU"
+
+
+def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
+    """Episodes that generate at once: rollout.max_concurrent, or as many slots of max_total_tokens as the
+    KV budget holds; never more than an out-of-memory error left (policy.limits)."""
+    if cfg.max_concurrent:
+        slots = cfg.max_concurrent
+    else:
+        per_slot = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
+        slots = kv_budget(policy, cfg)[0] // per_slot
+    if policy.limits.max_concurrent:
+        slots = min(slots, policy.limits.max_concurrent)
+    return int(max(1, min(n_episodes, slots)))
+
+
+# --- the KV cache: one slot per live episode, written in place ---------------------------------------
+
+
+@dataclass
+class _Plan:
+    """Where one forward reads and writes the slots. The new tokens are (R, N), right-padded."""
+
+    rows: slice | torch.Tensor
+    """The slots of the R rows: a slice when they are adjacent (a view, no copy), else their indices."""
+    width: int
+    """Cache columns the attention reads: [0, width) of every row."""
+    writes: list[tuple[int, int, int]]
+    """(slot, first column, real tokens) per row: where its new keys and values go (column = position)."""
+    decode: tuple[torch.Tensor, torch.Tensor] | None = None
+    """For one new token per row: (slots, columns), (R,) each, written by one indexed copy per layer."""
+    seen: int = 0
+    """Tokens already cached in the row (single-row forwards without a mask only)."""
+
+
+class KVSlots:
+    """The KV cache of a wave: (layers, K/V, slots, KV heads, capacity, head dim), allocated once.
+
+    Slot s holds the keys and values of one episode at columns 0.. (column = token position). A forward
+    writes its new tokens' keys and values into their slots and attends over the slots it names."""
+
+    def __init__(self, model_config, slots: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        layers, kv_heads, head_dim = _kv_shape(model_config)
+        # zeros, not empty: attention gives masked columns weight 0, and 0 x NaN garbage would still be NaN
+        self.tensor = torch.zeros(layers, 2, slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.plan: _Plan | None = None
+        """Set before each forward: which slots it reads and where its new tokens go."""
+        self.transformers = DynamicCache()  # what the model is given as past_key_values
+        self.transformers.layers[:] = [_SlotLayer(self, layer) for layer in range(layers)]
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+    @property
+    def slots(self) -> int:
+        return self.tensor.shape[2]
+
+    def copy(self, source: int, target: int, columns: int) -> None:
+        """Copy columns [0, columns) of one slot into another (all layers, keys and values)."""
+        self.tensor[:, :, target, :, :columns] = self.tensor[:, :, source, :, :columns]
+
+
+class _SlotLayer(DynamicLayer):
+    """One layer of a transformers Cache whose keys and values live in preallocated slots."""
+
+    def __init__(self, kv: KVSlots, layer: int):
+        super().__init__()
+        self.is_initialized = True
+        self.kv, self.keys_all, self.values_all = kv, kv.tensor[layer, 0], kv.tensor[layer, 1]  # (S, H, C, d)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Write the (R, H, N, d) new keys and values into their slots; return the rows' (R, H, W, d) cache."""
+        plan = self.kv.plan
+        for store, states in ((self.keys_all, key_states), (self.values_all, value_states)):
+            if plan.decode is not None:
+                store[plan.decode[0], :, plan.decode[1]] = states[:, :, 0]  # (R, H, d), in place
+            else:
+                for row, (slot, column, n) in enumerate(plan.writes):
+                    store[slot, :, column : column + n] = states[row, :, :n]  # (H, n, d), in place
+        if isinstance(plan.rows, slice):
+            return self.keys_all[plan.rows, :, : plan.width], self.values_all[plan.rows, :, : plan.width]
+        # rows that are not adjacent: a copy of their cache for this layer only, freed after its attention
+        return (
+            self.keys_all[:, :, : plan.width].index_select(0, plan.rows),
+            self.values_all[:, :, : plan.width].index_select(0, plan.rows),
+        )
+
+    # transformers asks these only to build its own causal mask: for a single row, nothing cached, no mask
+    def get_seq_length(self, *args) -> int:
+        return self.kv.plan.seen
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        return self.kv.plan.seen + query_length, 0
+
+
+# --- one episode's sequence: bookkeeping, no model work ---------------------------------------------
+
+
+@dataclass
+class _Live:
+    """Engine-side state of one episode."""
+
+    index: int
+    env: EnvLike
+    traj: Trajectory
+    generator: torch.Generator
+    """The episode's own random stream."""
+    slot: int = -1
+    """Its slot in the KV cache (-1 before it gets one; the last one it had after it ended)."""
+    cached: int = 0
+    """Tokens of traj.input_ids whose keys and values are in its slot (all but the newest while live)."""
+    message: list[int] = field(default_factory=list)
+    budget: int = 0
+    """Tokens the current message may sample."""
+    limited: bool = False
+    """The budget comes from a length limit of the episode, not from max_new_tokens."""
+
+    def add(self, ids: list[int], sampled: bool = False, logprob: float = 0.0) -> None:
+        t = self.traj
+        t.input_ids += ids
+        t.loss_mask += [int(sampled)] * len(ids)
+        t.old_logprobs += [logprob] * len(ids)
+
+
+class _Sequences:
+    """Lays down an episode's tokens: the prompt, what the model samples, what the environment answers,
+    within the length limits. Knows the renderer and the environment, never the model."""
+
+    def __init__(self, renderer, cfg: RolloutConfig):
+        self.renderer, self.cfg = renderer, cfg
+
+    def start(self, index: int, env: EnvLike, seed: int) -> _Live:
+        """Reset the environment and lay down the prompt; a prompt over the limits ends it at once."""
+        messages, tools = env.reset()
+        traj = Trajectory(_task_id(env, index), env, [], [], [], 0, False, [dict(m) for m in messages], list(tools))
+        live = _Live(index, env, traj, torch.Generator().manual_seed(seed))
+        ids = self.renderer.prompt_ids(messages, tools)
+        room = self.cfg.max_total_tokens - 1 - len(self.renderer.close_ids)
+        if len(ids) > self.cfg.max_prompt_tokens or len(ids) > room:
+            env.truncate()
+            traj.truncated, traj.exact = True, False
+            return live
+        live.add(ids)
+        traj.prompt_len = len(ids)
+        self.begin_message(live)
+        return live
+
+    def begin_message(self, live: _Live) -> None:
+        cfg, t = self.cfg, live.traj
+        response_left = cfg.max_response_tokens - t.n_sampled
+        total_left = cfg.max_total_tokens - len(t.input_ids) - len(self.renderer.close_ids)
+        live.budget = min(cfg.max_new_tokens, response_left, total_left)
+        live.limited = min(response_left, total_left) <= cfg.max_new_tokens
+        live.message = []
+        assert live.budget >= 1, "a message begins only where at least one token fits"
+
+    def sampled(self, live: _Live, token: int, logprob: float) -> bool:
+        """Add one sampled token; True if it ends the message."""
+        live.add([token], sampled=True, logprob=logprob)
+        live.message.append(token)
+        live.traj.n_sampled += 1
+        return token in self.renderer.stop_ids or len(live.message) >= live.budget
+
+    def end_message(self, live: _Live) -> bool:
+        """The model finished (or was cut off in) a message: step the env, lay down what follows.
+        Returns True if the episode goes on."""
+        r, t, msg = self.renderer, live.traj, live.message
+        t.n_messages += 1
+        stopped = msg[-1] in r.stop_ids
+        if stopped and msg[-1] == r.end_of_turn_id:
+            content_ids = env_ids = msg[:-1]
+        else:
+            # Cut off, or stopped by another end token (kept in the content, so the text still matches):
+            # the template's end-of-turn token closes the turn, not sampled.
+            content_ids, env_ids = msg, (msg[:-1] if stopped else msg)
+            live.add([r.end_of_turn_id])
+        content = r.decode(content_ids)
+        env_text = content if env_ids is content_ids else r.decode(env_ids)
+        t.messages.append({"role": "assistant", "content": content})
+        if not stopped and live.limited:  # out of tokens in mid-message
+            return self.truncate(live)
+        t.n_cut += not stopped
+        result = live.env.step(env_text)
+        if result.done:
+            self.close(live, result.observation)
+            return False
+        if t.n_sampled >= self.cfg.max_response_tokens:
+            return self.truncate(live)
+        if not self.append(live, result.observation, generation_prompt=True, room=1 + len(r.close_ids)):
+            return self.truncate(live)
+        self.begin_message(live)
+        return True
+
+    def append(self, live: _Live, new: list[dict], generation_prompt: bool, room: int) -> bool:
+        """Lay down the tokens of new messages (and the next generation prompt) if they fit."""
+        t = live.traj
+        ids, exact = self.renderer.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
+        if len(t.input_ids) + len(ids) + room > self.cfg.max_total_tokens:
+            return False
+        live.add(ids)
+        t.messages += [dict(m) for m in new]
+        t.exact = t.exact and exact
+        return True
+
+    def close(self, live: _Live, observation: list[dict]) -> None:
+        """End the sequence after the last assistant message (with the final tool results if they fit)."""
+        if not (observation and self.append(live, observation, generation_prompt=False, room=0)):
+            if not self.append(live, [], generation_prompt=False, room=0):
+                live.traj.exact = False
+
+    def truncate(self, live: _Live) -> bool:
+        live.env.truncate()
+        live.traj.truncated = True
+        self.close(live, [])
+        return False
+
+
+def _task_id(env, index: int) -> str:
+    task = getattr(env, "task", None)
+    return str(getattr(task, "id", None) or f"#{index}")
+
+
+# --- batched model work ------------------------------------------------------------------------------
+
+GATHER_SHARE = 0.1
+"""A prefill of episodes in slots that are not adjacent copies their caches for one layer at a time;
+chunks are kept small enough that this copy stays under this share of the slots' memory."""
+
+
+class _Batch:
+    """The live episodes in their slots, and the forwards that run them: prefill and decode."""
+
+    def __init__(self, policy, cfg: RolloutConfig, slots: int, prefill_tokens: int, temperature: float, stats):
+        self.model, self.device, self.cfg, self.pad_id = policy.model, policy.device, cfg, policy.renderer.pad_id
+        self.temperature, self.prefill_tokens, self.stats = temperature, prefill_tokens, stats
+        config = _causal_lm(policy.model).config
+        self.kv = KVSlots(config, slots, cfg.max_total_tokens, policy.dtype, policy.device)
+        stats.kv_cache_bytes = max(stats.kv_cache_bytes, self.kv.nbytes)
+        self.eager = config._attn_implementation == "eager"  # additive float masks instead of boolean ones
+        layers = _kv_shape(config)[0]
+        self.gather_columns = int(GATHER_SHARE * layers * slots * cfg.max_total_tokens)
+        self.owner: list[_Live | None] = [None] * slots
+        """The episode whose keys and values each slot holds (live, or ended and not yet overwritten)."""
+        self.live: list[_Live] = []
+        self.last_prompt: _Live | None = None  # the last prompt prefilled: the next one may share its prefix
+
+    def has_room(self) -> bool:
+        return len(self.live) < self.kv.slots
+
+    def admit(self, live: _Live) -> None:
+        """Give an episode a free slot (the lowest, so live slots stay packed at the front)."""
+        used = {x.slot for x in self.live}
+        live.slot = next(s for s in range(self.kv.slots) if s not in used)
+        self.live.append(live)
+
+    def release(self, live: _Live) -> None:
+        """An episode ended: its slot is free (its data stays until overwritten)."""
+        self.live.remove(live)
+
+    def pack(self) -> list[_Live]:
+        """Move episodes from the back into free slots so the live ones hold slots 0..n-1; returns them
+        in slot order (the rows of a decode forward, read as one view of the cache)."""
+        by_slot = sorted(self.live, key=lambda x: x.slot)
+        for target in range(len(by_slot)):
+            if by_slot[target].slot != target:  # a hole: the episode in the last slot moves into it
+                moved = by_slot.pop()
+                self.kv.copy(moved.slot, target, moved.cached)
+                moved.slot, self.owner[target] = target, moved
+                by_slot.insert(target, moved)
+        return by_slot
+
+    # -- prefill ---------------------------------------------------------------------------------------
+
+    def prefill(self, lives: list[_Live]) -> None:
+        """Bring each episode's cache up to all but its newest token.
+
+        A new prompt first takes the cache of the previous prompt for their common prefix: episodes are
+        admitted in sorted order of their prompt ids, so the G samples of a task share all of it and
+        tasks with the same tools share the system prompt (thousands of tokens); only the rest is run.
+        Keys and values of a prefix do not depend on what follows it, so nothing changes but the work."""
+        prompts = [x for x in lives if x.cached == 0]
+        results = sorted((x for x in lives if x.cached > 0), key=lambda x: len(x.traj.input_ids) - x.cached)
+        for live in prompts:
+            ids = live.traj.input_ids[:-1]
+            source = self.last_prompt
+            if source is not None and self.owner[source.slot] is source:  # its cache is still in its slot
+                shared = min(
+                    len(os.path.commonprefix([source.traj.input_ids[: source.traj.prompt_len - 1], ids])), source.cached
+                )
+                # A short common prefix saves little, and a long prefill after a cache cannot use the fused
+                # causal kernel (measured 2x slower on CPU), so only reuse one that covers half the prompt.
+                if shared >= len(ids) // 2:
+                    if source.slot != live.slot:
+                        self.kv.copy(source.slot, live.slot, shared)
+                    live.cached = shared
+            self.owner[live.slot] = live
+            self._prefill_alone(live)  # a prompt of thousands of tokens keeps the device busy by itself
+            self.last_prompt = live
+        # Tool results and next user turns: batched with others of similar length (at most twice as
+        # long, plus a little), so padding stays small.
+        chunk: list[_Live] = []
+        for live in results:
+            n = len(live.traj.input_ids) - 1 - live.cached
+            if n == 0:
+                continue
+            if chunk:
+                shortest = len(chunk[0].traj.input_ids) - 1 - chunk[0].cached
+                width = max(len(x.traj.input_ids) for x in (*chunk, live))
+                if (
+                    n * (len(chunk) + 1) > self.prefill_tokens
+                    or n > 2 * shortest + 32
+                    or width * (len(chunk) + 1) > self.gather_columns
+                ):
+                    self._prefill_chunk(chunk)
+                    chunk = []
+            chunk.append(live)
+        if chunk:
+            self._prefill_chunk(chunk)
+
+    def _prefill_alone(self, live: _Live) -> None:
+        """One episode's new tokens, in pieces of at most prefill_tokens (bounds the activations)."""
+        while live.cached < len(live.traj.input_ids) - 1:
+            self._prefill_chunk([live])
+
+    def _prefill_chunk(self, lives: list[_Live]) -> None:
+        limit = self.prefill_tokens if len(lives) == 1 else None  # a chunk of several is sized by prefill()
+        new = [live.traj.input_ids[live.cached : -1][:limit] for live in lives]
+        width = max(len(n) for n in new)
+        input_ids = torch.tensor([n + [self.pad_id] * (width - len(n)) for n in new], device=self.device)  # (R, N)
+        started = time.perf_counter()
+        # A prompt with nothing cached needs no mask: attention can use its fused causal kernel.
+        fresh = len(lives) == 1 and lives[0].cached == 0
+        self._forward(lives, input_ids, [len(n) for n in new], mask=not fresh)
+        for live, n in zip(lives, new, strict=True):
+            live.cached += len(n)
+            self.owner[live.slot] = live
+        self.stats.forwards += 1
+        real = sum(len(n) for n in new)
+        self.stats.model_tokens += real
+        self.stats.prefilled_tokens += real
+        self.stats.pad_tokens += len(new) * width - real
+        self.stats.prefill_seconds += time.perf_counter() - started
+
+    # -- decode ------------------------------------------------------------------------------------------
+
+    def decode(self, sequences: _Sequences, hook: LogitsHook | None) -> list[_Live]:
+        """One token per live episode per forward until at least one message ends; returns those episodes."""
+        rows = self.pack()
+        started = time.perf_counter()
+        while True:
+            input_ids = torch.tensor([[live.traj.input_ids[-1]] for live in rows], device=self.device)  # (R, 1)
+            self.stats.kv_columns += len(rows) * (max(live.cached for live in rows) + 1)
+            self.stats.kv_used += sum(live.cached + 1 for live in rows)
+            logits = self._forward(rows, input_ids, [1] * len(rows), mask=True).float()  # (R, V)
+            for live in rows:
+                live.cached += 1
+            logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
+            if hook is not None:
+                logits = hook([x.index for x in rows], [list(x.message) for x in rows], logits)
+            uniforms = None
+            if self.temperature > 0:  # each episode's own stream, whatever the rows beside it
+                uniforms = torch.cat([torch.rand(1, generator=live.generator) for live in rows])  # (R,)
+            tokens = sample_tokens(logits, self.temperature, self.cfg.top_p, uniforms=uniforms)  # (R,)
+            token_logprobs = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # (R,)
+            self.stats.forwards += 1
+            self.stats.decode_steps += 1
+            self.stats.model_tokens += len(rows)
+            ended = [
+                live
+                for live, token, logprob in zip(rows, tokens.tolist(), token_logprobs.tolist(), strict=True)
+                if sequences.sampled(live, token, logprob)
+            ]
+            if ended:
+                self.stats.decode_seconds += time.perf_counter() - started
+                return ended
+
+    def _forward(self, lives: list[_Live], input_ids: torch.Tensor, lengths: list[int], mask: bool) -> torch.Tensor:
+        """Run (R, N) new tokens (row r's first lengths[r] real) after each row's cached tokens; their keys
+        and values go into the rows' slots. Returns the (R, V) logits of the last column."""
+        rows, new = input_ids.shape
+        dev = self.device
+        cached = [live.cached for live in lives]
+        slots = [live.slot for live in lives]
+        positions = torch.tensor(cached, device=dev)[:, None] + torch.arange(new, device=dev)[None, :]  # (R, N)
+        width = max(c + n for c, n in zip(cached, lengths, strict=True))
+        adjacent = slots == list(range(slots[0], slots[0] + rows))
+        self.kv.plan = _Plan(
+            rows=slice(slots[0], slots[0] + rows) if adjacent else torch.tensor(slots, device=dev),
+            width=width,
+            writes=list(zip(slots, cached, lengths, strict=True)),
+            decode=(torch.tensor(slots, device=dev), positions[:, 0]) if new == 1 else None,
+            seen=cached[0] if not mask else 0,
+        )
+        attention = None
+        if mask:
+            # query (r, j) at position cached_r + j sees the columns up to its own
+            visible = torch.arange(width, device=dev)[None, None, :] <= positions[:, :, None]  # (R, N, W)
+            attention = visible[:, None]  # (R, 1, N, W), as transformers' 4-D masks
+            if self.eager:
+                attention = torch.zeros(attention.shape, dtype=self.kv.tensor.dtype, device=dev).masked_fill(
+                    ~attention, torch.finfo(self.kv.tensor.dtype).min
+                )
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=self.kv.transformers,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1]  # (R, V)
+
+
+# --- the loop ----------------------------------------------------------------------------------------
+
+
+class _Engine:
+    """Runs episodes to their end: admits them into slots as slots free up, prefills, decodes, steps."""
+
+    def __init__(self, policy, cfg: RolloutConfig, temperature: float, logits_hook, stats, finished: dict):
+        self.policy, self.cfg, self.temperature, self.stats = policy, cfg, temperature, stats
+        self.logits_hook = logits_hook
+        self.sequences = _Sequences(policy.renderer, cfg)
+        self.finished: dict[int, Trajectory] = finished
+        """Episodes that ended, by env index (kept when a later forward runs out of memory)."""
+        self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
+
+    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], slots: int, prefill: int, progress) -> bool:
+        """Run the episodes with this many slots; False if the GPU ran out of memory. Returning drops this
+        try's tensors (with its traceback), so the caller can free the memory before a smaller try."""
+        try:
+            batch = _Batch(self.policy, self.cfg, slots, prefill, self.temperature, self.stats)
+            self._run(envs, seeds, batch, progress)
+            return True
+        except torch.OutOfMemoryError:
+            return False
+
+    def _run(self, envs: dict[int, EnvLike], seeds: dict[int, int], batch: _Batch, progress) -> None:
+        lives = [self.sequences.start(i, env, seeds[i]) for i, env in envs.items()]
+        for live in lives:
+            if live.traj.truncated:  # its prompt alone was over the limits
+                self._finish(live, progress)
+        # Sorted by prompt ids, so prompts with long common prefixes follow each other (see prefill).
+        queue = sorted((x for x in lives if not x.traj.truncated), key=lambda x: x.traj.input_ids, reverse=True)
+        ready: list[_Live] = []
+        while queue or batch.live:
+            while queue and batch.has_room():
+                live = queue.pop()
+                batch.admit(live)
+                ready.append(live)
+            batch.prefill(ready)  # new prompts, and the tokens that followed the last messages
+            ready = []
+            for live in batch.decode(self.sequences, self.logits_hook):
+                if self.sequences.end_message(live):
+                    ready.append(live)  # its new tokens are prefilled before it decodes again
+                else:
+                    batch.release(live)
+                    self._finish(live, progress)
+
+    def _finish(self, live: _Live, progress) -> None:
+        self.finished[live.index] = live.traj
+        if progress is not None:
+            sampled = self.stats.model_tokens - self.stats.prefilled_tokens - self.sampled_before  # one per decode row
+            rate = sampled / max(time.perf_counter() - self.started, 1e-9)
+            progress.set_postfix_str(f"{rate:.0f} sampled tok/s", refresh=False)
+            progress.update(1)
+
+
+def _check_cache_layout(model) -> None:
+    lm = _causal_lm(model)
+    forwards = [type(m).forward for m in (lm, getattr(lm, "model", None)) if m is not None]
+    if any("unsloth" in (getattr(f, "__module__", "") or "") for f in forwards):
+        raise ConfigError(
+            "model.backend: unsloth's patched forward returns a new KV cache instead of growing the one the "
+            "rollout engine passes; use model.backend=hf (bitsandbytes 4-bit + peft) for now"
+        )
+    config = lm.config
+    types = getattr(config.get_text_config(), "layer_types", None) or []
+    if any(t != "full_attention" for t in types):
+        raise ConfigError(
+            f"model.name: layer types {sorted(set(types))} are not supported by the rollout engine, which "
+            "keeps one full-attention KV cache per layer (Llama / Qwen2 / SmolLM style models)"
+        )
+    if config._attn_implementation not in ("sdpa", "eager", "seal_mini_sdpa"):
+        raise ConfigError(
+            f"model.attn_implementation: {config._attn_implementation} cannot take the per-episode attention masks "
+            "the rollout engine builds (its episodes sit at different positions of one cache); use sdpa or eager"
+        )
+
+
+MIN_PREFILL_TOKENS = 256
+"""Out of memory with one episode at a time: prefill pieces halve down to this many tokens."""
+
+
+@torch.no_grad()
+def run_rollouts(
+    policy,
+    envs: list,
+    cfg_rollout: RolloutConfig,
+    temperature: float,
+    seed: int | tuple[int, ...] = 0,
+    progress=None,
+    stats: RolloutStats | None = None,
+    logits_hook: LogitsHook | None = None,
+    samples: list[int] | None = None,
+) -> list[Trajectory]:
+    """Run every episode to its end with the policy; trajectories come back in the order of envs.
+
+    Sampling follows temperature (0 = greedy) and cfg_rollout.top_p. Episode i draws from its own stream,
+    seeded by (seed, its task id, samples[i]); samples defaults to how many episodes of that task came
+    before it in envs (a rank that plays part of a round passes the numbers its episodes have in the whole
+    round). So the same seed gives the same rollouts at any concurrency, on any number of ranks.
+    `progress` (a tqdm bar) advances once per finished episode.
+
+    On a CUDA out-of-memory error the finished episodes are kept and the others run again from their
+    start with half the slots (then smaller prefill pieces); policy.limits remembers the smaller setting."""
+    _check_cache_layout(policy.model)
+    if len({id(env) for env in envs}) != len(envs):
+        raise ValueError("an episode object appears more than once in envs; make one per rollout")
+    stats = stats if stats is not None else RolloutStats()
+    task_ids = [_task_id(env, i) for i, env in enumerate(envs)]
+    samples = sample_numbers(task_ids) if samples is None else samples
+    assert len(samples) == len(envs), f"{len(samples)} sample numbers for {len(envs)} episodes"
+    seeds = {
+        i: episode_seed(seed, task, sample) for i, (task, sample) in enumerate(zip(task_ids, samples, strict=True))
+    }
+    limits = policy.limits
+    slots = concurrency(policy, cfg_rollout, len(envs))
+    prefill = min(cfg_rollout.prefill_tokens, limits.prefill_tokens or cfg_rollout.prefill_tokens)
+    was_training = policy.model.training
+    policy.model.eval()  # no dropout while sampling; gradient checkpointing is off outside training
+    started = time.perf_counter()
+    finished: dict[int, Trajectory] = {}
+    try:
+        while len(finished) < len(envs):
+            todo = {i: env for i, env in enumerate(envs) if i not in finished}
+            used = min(slots, len(todo))
+            engine = _Engine(policy, cfg_rollout, temperature, logits_hook, stats, finished)
+            if not engine.run(todo, seeds, used, prefill, progress):  # out of memory: smaller, and again
+                devices.release_memory(policy.device)
+                stats.out_of_memory += 1
+                slots, prefill = _shrink_rollouts(used, prefill, len(envs) - len(finished), limits)
+    finally:
+        policy.model.train(was_training)
+    trajectories = [finished[i] for i in range(len(envs))]
+    stats.concurrency = min(slots, len(envs))
+    stats.seconds += time.perf_counter() - started
+    stats.episodes += len(trajectories)
+    stats.sampled_tokens += sum(t.n_sampled for t in trajectories)
+    stats.sequence_tokens += sum(len(t.input_ids) for t in trajectories)
+    return trajectories
+
+
+def _shrink_rollouts(slots: int, prefill: int, unfinished: int, limits: devices.MemoryLimits) -> tuple[int, int]:
+    """The next, smaller setting after an out-of-memory error, remembered in limits; says what shrank."""
+    if slots > 1:
+        smaller = slots // 2
+        limits.max_concurrent = smaller
+        what = f"{slots} -> {smaller} episodes at once (rollout.max_concurrent={smaller} sets this from the start)"
+        slots = smaller
+    elif prefill > MIN_PREFILL_TOKENS:
+        smaller = max(MIN_PREFILL_TOKENS, prefill // 2)
+        limits.prefill_tokens = smaller
+        what = f"prefill pieces of {prefill} -> {smaller} tokens (rollout.prefill_tokens={smaller})"
+        prefill = smaller
+    else:
+        raise ConfigError(
+            "out of GPU memory with one episode at a time and prefill pieces of "
+            f"{MIN_PREFILL_TOKENS} tokens: a slot holds rollout.max_total_tokens tokens of KV cache; lower "
+            "rollout.max_total_tokens, or use a smaller model (python -m seal_mini preflight RECIPE measures it)"
+        )
+    print(
+        f"[memory] out of GPU memory in a rollout wave: {what}; {unfinished} unfinished episodes start again "
+        "(finished ones are kept)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return slots, prefill
+
+
+def rendered_text(policy, trajectory: Trajectory) -> str:
+    """The chat template's rendering of a trajectory's messages: what decode(input_ids) must equal."""
+    return policy.render(trajectory.messages, trajectory.tools)

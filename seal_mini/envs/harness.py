@@ -1,0 +1,440 @@
+"""BFCL's multi-turn harness as seal_mini plays it: decode a model message, run the decoded calls.
+
+The held-in score must be what BFCL's own inference loop and scorer give for the same model output
+(bfcl-eval 2026.3.23, the Qwen / Hermes `<tool_call>` format). Both halves follow BFCL step for step.
+
+Decoding is BFCL's Qwen handler itself (model_handler/local_inference/qwen_fc.py):
+  - `_parse_query_response_prompting` drops everything up to the last </think>;
+  - `_extract_tool_calls` finds `<tool_call>\\n...\\n</tool_call>` (the tags on lines of their own)
+    and keeps each body that is valid JSON, silently dropping the others;
+  - `decode_execute` fails the whole message if one of those is not a JSON object or lacks "name" or
+    "arguments", and otherwise writes each call as `name(key=repr(value),...)` (`convert_to_function_call`).
+  A message that fails to decode or decodes to no call ends the user turn; the call strings are what
+  BFCL's executor runs and what its checker scores. Importing those functions' modules would pull in
+  BFCL's whole inference stack (tree-sitter parsers, API clients), which the kit does not install, so
+  they are compiled from the installed package's source files on their own (`bfcl_function`).
+  decode_execute holds an eval() for string items; `decode` refuses any non-object item first (as
+  decode_execute itself does before that line), so model text never reaches it.
+
+Running is BFCL's executor (eval_checker/multi_turn_eval/multi_turn_utils.execute_multi_turn_func_call)
+without its eval(). Like the executor, `run_call` prefixes every method name in the string with the
+global name of the instance that owns it (BFCL's own `_process_method_calls`), refuses the names the
+executor refuses, and records either the formatted return value or "Error during execution: <error>".
+Instead of eval() it compiles the string (which evaluates nothing and raises exactly what eval would
+raise for a syntax error) and reads the syntax tree (`plan_call`). It runs a string only in one of two
+shapes whose effect eval would have too:
+  - `<instance>.<public method>(key=<literal>, ...)`: the bound method gets those values;
+  - a call whose name is defined nowhere (a tool of another back end, an invented one): eval stops
+    with a NameError before anything runs, and so does this (same message).
+Everything else (a Python builtin, a module's attribute, an expression in an argument, positional
+arguments) is refused: nothing runs, the output says so, and the checker is given `REFUSED_CALL`,
+which fails the same harmless way. Values that could hang the process are refused too (`GUARDS`).
+README lists what these refusals can change.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import inspect
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+from seal_mini.envs.bfcl import bfcl_root
+
+QWEN_HANDLER = "model_handler/local_inference/qwen_fc.py"
+HANDLER_UTILS = "model_handler/utils.py"
+BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
+"""Names BFCL's executor refuses before eval (the list in execute_multi_turn_func_call)."""
+REFUSED_CALL = "seal_mini_refused_call()"
+"""What the checker gets in place of a refused call: a name defined nowhere, so BFCL's eval stops with
+a NameError, as for any unknown tool; no state changes and its output matches no reference output."""
+MAX_INT = 2**53
+"""Largest integer magnitude a call may pass (larger ones are refused)."""
+
+
+# --- decoding: BFCL's Qwen handler ------------------------------------------------------------------
+
+
+def bfcl_function(path: str, name: str, owner: str, namespace: dict):
+    """One function of the installed bfcl-eval, compiled from its source file alone into `namespace`.
+
+    `owner` names the class whose method it is ("" for a module-level function). Decorators
+    (@override, @staticmethod) are left off; the caller binds the function itself."""
+    file = bfcl_root() / path
+    tree = ast.parse(file.read_text(), filename=str(file))
+    scope = tree.body
+    if owner:
+        scope = next((n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner), [])
+    node = next((n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name), None)
+    if node is None:
+        raise ImportError(
+            f"bfcl-eval's {path} has no {owner + '.' if owner else ''}{name}: is bfcl-eval 2026.3.23 installed?"
+        )
+    node.decorator_list = []
+    code = compile(ast.Module(body=[node], type_ignores=[]), str(file), "exec")
+    exec(code, namespace)  # noqa: S102 - bfcl-eval's own source code, never model text
+    return namespace[name]
+
+
+@cache
+def _qwen():
+    """An object with the three QwenFCHandler methods decoding uses (they read nothing else of self)."""
+    namespace = {"json": json, "re": re, "Any": Any}
+    bfcl_function(HANDLER_UTILS, "convert_to_function_call", "", namespace)
+    methods = {
+        name: bfcl_function(QWEN_HANDLER, name, "QwenFCHandler", namespace)
+        for name in ("_parse_query_response_prompting", "decode_execute")
+    }
+    methods["_extract_tool_calls"] = staticmethod(
+        bfcl_function(QWEN_HANDLER, "_extract_tool_calls", "QwenFCHandler", namespace)
+    )
+    return type("QwenDecoding", (), methods)()
+
+
+@dataclass
+class Decoded:
+    """One assistant message as BFCL's harness reads it."""
+
+    text: str
+    """The message as BFCL keeps it (after a <think> block, if any): the answer BFCL V4 scores."""
+    calls: list[str]
+    """BFCL's call strings, in order: what its executor runs and its checker scores."""
+    items: list[dict]
+    """The JSON object behind each call string."""
+    error: str = ""
+    """Why the message did not decode ("" if it did)."""
+
+    @property
+    def ends_turn(self) -> bool:
+        """BFCL's inference loop ends the user turn on a message that fails to decode or decodes to no call."""
+        from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import is_empty_execute_response
+
+        return bool(self.error) or is_empty_execute_response(self.calls)
+
+
+def decode(text: str | bytes) -> Decoded:
+    """Decode a model message with BFCL's Qwen handler (see the module docstring)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    qwen = _qwen()
+    response = SimpleNamespace(
+        choices=[SimpleNamespace(text=text)], usage=SimpleNamespace(prompt_tokens=0, completion_tokens=0)
+    )
+    cleaned = qwen._parse_query_response_prompting(response)["model_responses"]
+    items = qwen._extract_tool_calls(cleaned)
+    if any(type(item) is not dict for item in items):  # decode_execute raises here too, before its eval()
+        return Decoded(cleaned, [], [], "a <tool_call> block holds JSON that is not an object")
+    try:
+        calls = qwen.decode_execute(cleaned, has_tool_call_tag=False)
+    except Exception as e:  # BFCL ends the turn on any decoding error
+        return Decoded(cleaned, [], [], f"the calls could not be decoded ({type(e).__name__}: {e})")
+    return Decoded(cleaned, calls, items)
+
+
+# --- why a <tool_call> block was not read (for the diagnoser and the training interface) ---------
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+_NAME = re.compile(r'"name"\s*:\s*"([^"]{1,80})"')
+
+
+def _block_problem(body: str, closed: bool) -> str:
+    if not closed:
+        return "<tool_call> is never closed with </tool_call>"
+    if not (body.startswith("\n") and body.endswith("\n")):
+        return "the tags are not on lines of their own: write <tool_call>, a newline, the JSON, a newline, </tool_call>"
+    inner = body[1:-1]
+    if inner.lstrip().startswith("```"):
+        return "a code fence inside the block: put only the JSON object between the tags"
+    try:
+        obj = json.loads(inner)
+    except (ValueError, RecursionError) as e:
+        extra = " (one JSON object per block; use one block per call)" if "Extra data" in str(e) else ""
+        return f"the block is not valid JSON: {str(e)[:80]}{extra}"
+    if not isinstance(obj, dict):
+        return "the block must hold one JSON object"
+    missing = [k for k in ("name", "arguments") if k not in obj]
+    if missing:
+        return f"the call has no {' or '.join(repr(k) for k in missing)}"
+    return ""
+
+
+def unread_blocks(decoded: Decoded) -> list[tuple[str | None, str]]:
+    """(tool name if readable, problem) for each <tool_call> block of a message BFCL's decoder did not
+    turn into a call. BFCL drops such blocks without a word; the kit records them as evidence."""
+    out = []
+    for m in _BLOCK.finditer(decoded.text):
+        body, closed = m.group(1), m.group(0).endswith("</tool_call>")
+        problem = _block_problem(body, closed)
+        if problem or decoded.error:
+            name = _NAME.search(body)
+            out.append((name.group(1) if name else None, problem or decoded.error))
+    if decoded.error and not out:
+        out.append((None, decoded.error))
+    return out
+
+
+# --- running: BFCL's executor without eval ----------------------------------------------------------
+
+
+def instance_name(prefix: str, task_id: str, class_name: str) -> str:
+    """The global name BFCL's executor gives a back-end instance (prefix = the model name)."""
+    return re.sub(r"[-./:]", "_", f"{prefix}_{task_id}_{class_name}_instance")
+
+
+_METHOD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def public_method_names(instance: object) -> tuple[str, ...]:
+    """The public method names BFCL's executor maps for an instance (listed once per class)."""
+    cls = type(instance)
+    if cls not in _METHOD_NAMES:
+        members = inspect.getmembers(instance, predicate=inspect.ismethod)
+        _METHOD_NAMES[cls] = tuple(name for name, _ in members if not name.startswith("_"))
+    return _METHOD_NAMES[cls]
+
+
+def method_owners(scope: dict[str, object]) -> dict[str, str]:
+    """Public method name -> the instance name that owns it, as BFCL's executor maps them (a later
+    class wins a shared name). `scope` is {instance name: instance}."""
+    owners = {}
+    for name, instance in scope.items():
+        owners.update(dict.fromkeys(public_method_names(instance), name))
+    return owners
+
+
+def _guard_power(a: dict) -> str:
+    base, exponent = a.get("base"), a.get("exponent")
+    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1 and exponent > 0:
+        if exponent * math.log2(abs(base)) > 2**20:
+            return "power: an integer result of more than a million bits"
+    return ""
+
+
+def _guard_precision(a: dict) -> str:
+    precision = a.get("precision")
+    return "precision above 10000 digits" if isinstance(precision, int) and precision > 10_000 else ""
+
+
+def _guard_round(a: dict) -> str:
+    places, number = a.get("decimal_places"), a.get("number")
+    return (
+        "rounding an integer to more than 10000 places"
+        if isinstance(number, int) and isinstance(places, int) and places < -10_000
+        else ""
+    )
+
+
+GUARDS = {
+    "power": _guard_power,
+    "logarithm": _guard_precision,
+    "square_root": _guard_precision,
+    "round_number": _guard_round,
+}
+"""Back-end methods that a legal call can keep busy for hours (big-integer powers, precision settings):
+such calls are refused. BFCL would run them; where they finish, their result is an error or a number no
+reference output has, so the verdict is the same."""
+
+
+class _Refuse(Exception):
+    """The call is not one the kit runs (see plan_call)."""
+
+
+class _Raise(Exception):
+    """Evaluating the call would raise this error before anything runs."""
+
+
+@dataclass
+class Plan:
+    """What eval() of one call string would do, read off its syntax tree."""
+
+    kind: str
+    """call (run a public method) | error (eval raises before anything runs) | refused (not run)."""
+    name: str = ""
+    """The called name (the method name for kind call)."""
+    owner: str = ""
+    """kind call: the instance name that owns the method."""
+    arguments: dict = field(default_factory=dict)
+    """kind call: the keyword values."""
+    error: str = ""
+    """kind error: the message eval's exception carries; kind refused: why it is not run."""
+
+
+def _defined(name: str, owners: dict[str, str]) -> bool:
+    """Whether a bare name means something where BFCL's executor evals: its module, builtins, instances."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+
+    return hasattr(builtins, name) or name in vars(multi_turn_utils) or name in owners.values()
+
+
+def _literal(node: ast.AST, owners: dict[str, str]):
+    """The value of an argument eval would compute, built without eval. Only what JSON repr() gives:
+    constants, lists, tuples, sets, dicts, a sign on a number, and the names inf / nan that repr writes
+    for non-finite floats (evaluating those raises a NameError, as there)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if _defined(node.id, owners):
+            raise _Refuse(f"the argument {node.id!r} is not a literal value")
+        raise _Raise(f"name '{node.id}' is not defined")
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        values = [_literal(e, owners) for e in node.elts]
+        try:
+            return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](values)
+        except TypeError as e:  # an unhashable set member: eval raises the same
+            raise _Raise(str(e)) from None
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        out = {}
+        for k, v in zip(node.keys, node.values, strict=True):  # eval order: each key, then its value
+            key, value = _literal(k, owners), _literal(v, owners)
+            try:
+                out[key] = value
+            except TypeError as e:
+                raise _Raise(str(e)) from None
+        return out
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand, owners)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else +value
+    raise _Refuse("an argument is an expression, not a literal value")
+
+
+def _too_big(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > MAX_INT
+    if isinstance(value, (list, tuple, set)):
+        return any(_too_big(v) for v in value)
+    if isinstance(value, dict):
+        return any(_too_big(v) for v in value.values())
+    return False
+
+
+def plan_call(processed: str, owners: dict[str, str]) -> Plan:
+    """What eval() of a call string (already through BFCL's _process_method_calls) would do.
+
+    `owners` is the executor's method -> instance name map for the same instances."""
+    head = processed.split("(")[0] if "(" in processed else processed
+    if "." in head:
+        head = head.split(".")[1]
+    if head in BLOCKED_NAMES:
+        return Plan("error", head, error=f"Function call {head} is not allowed.")
+    source = processed.lstrip(" \t")  # eval() strips leading spaces and tabs of a string
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. SyntaxWarning: 'int' object is not callable
+            compile(source, "<string>", "eval", dont_inherit=True)  # eval's own first step; runs nothing
+    except Exception as e:  # noqa: BLE001 - eval raises exactly this
+        return Plan("error", head, error=str(e))
+    body = ast.parse(source, mode="eval").body
+    if not isinstance(body, ast.Call):
+        return Plan("refused", head, error="the call is an expression, not a tool call")
+    root = body.func
+    while isinstance(root, ast.Attribute):
+        root = root.value
+    func = body.func
+    is_method = (
+        isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and owners.get(func.attr) == func.value.id
+    )
+    if not is_method:
+        if isinstance(root, ast.Name) and not _defined(root.id, owners):
+            return Plan("error", root.id, error=f"name '{root.id}' is not defined")  # before any argument
+        called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", head)
+        return Plan("refused", called, error=f"{called!r} is not a tool of this task, so the call was not run")
+    name = func.attr
+    if body.args or any(k.arg is None for k in body.keywords):
+        return Plan("refused", name, error=f"{name}: only keyword arguments are run")
+    try:
+        arguments = {k.arg: _literal(k.value, owners) for k in body.keywords}
+    except _Raise as e:
+        return Plan("error", name, error=str(e))
+    except _Refuse as e:
+        return Plan("refused", name, error=f"{name}: {e}, so the call was not run")
+    if _too_big(list(arguments.values())):
+        return Plan("refused", name, error=f"{name}: an integer beyond +-2**53, so the call was not run")
+    costly = GUARDS.get(name, lambda a: "")(arguments)
+    if costly:
+        return Plan("refused", name, error=f"{costly}, so the call was not run")
+    return Plan("call", name, func.value.id, arguments)
+
+
+def format_output(result) -> str:
+    """A back end's return value as BFCL's executor records it: strings as is, dicts as JSON, the rest str()."""
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict):
+        try:
+            return json.dumps(result)
+        except Exception:  # noqa: BLE001 - BFCL falls back to str() on any failure
+            return str(result)
+    return str(result)
+
+
+@dataclass
+class Outcome:
+    """What running one decoded call did."""
+
+    plan: Plan
+    output: str
+    """The execution result BFCL records (and shows the model)."""
+    checker_call: str
+    """The string the checker gets for this call: the decoded call, or REFUSED_CALL."""
+    result: Any = None
+    """The back end's return value (kind call, if it returned)."""
+    raised: Exception | None = None
+    """The exception the back end raised (kind call), if any."""
+
+
+def run_call(call: str, scope: dict[str, object], owners: dict[str, str]) -> Outcome:
+    """Run one decoded call string on the instances in `scope` ({instance name: instance}) as BFCL's
+    executor would, without eval (see the module docstring)."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import _process_method_calls
+
+    plan = plan_call(_process_method_calls(call, owners), owners)
+    if plan.kind == "refused":
+        return Outcome(plan, f"Error during execution: {plan.error}", REFUSED_CALL)
+    if plan.kind == "error":
+        return Outcome(plan, f"Error during execution: {plan.error}", call)
+    method = getattr(scope[plan.owner], plan.name)
+    try:
+        # fresh values: a back end keeps (and may later grow) the lists it is given
+        result = method(**copy.deepcopy(plan.arguments))
+        return Outcome(plan, format_output(result), call, result=result)
+    except Exception as e:  # noqa: BLE001 - the back end's own errors are results, as in BFCL
+        return Outcome(plan, f"Error during execution: {e}", call, raised=e)
+
+
+@cache
+def _class_methods(class_name: str) -> tuple[str, ...]:
+    """Public method names of a back-end class, from a bare instance of it."""
+    import importlib
+
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+    return public_method_names(cls())
+
+
+def unsafe_calls(task, checker_input: list[list[list[str]]], model_name: str) -> list[str]:
+    """Calls of a checker input that BFCL's checker, run under `model_name`, would evaluate into
+    something other than a public method of the task's back ends with literal values, or an error
+    raised before anything runs. The verifier refuses to score an input that has any."""
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import _process_method_calls
+
+    owners = {}
+    for class_name in task.involved_classes:
+        owner = instance_name(f"{model_name}_eval", task.id, class_name)
+        owners.update(dict.fromkeys(_class_methods(class_name), owner))
+    return [
+        call
+        for turn in checker_input
+        for step in turn
+        for call in step
+        if plan_call(_process_method_calls(call, owners), owners).kind == "refused"
+    ]

@@ -1,0 +1,81 @@
+"""Scripted policies built from a task's ground truth, replayed through seal_mini's own environment.
+
+The ground truth as calls (`ground_truth_turns`), the assistant messages that carry them, and `play`, which
+drives any episode with them. The oracle program, the diagnoser's reference, the fault injector, the
+warm start's demonstrations and held-in evaluation of a scripted policy all replay tasks this way.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable
+
+from seal_mini.envs.bfcl import Task
+from seal_mini.envs.episode import Episode, new_instances, public_methods
+from seal_mini.envs.toolcalls import format_call
+from seal_mini.envs.verifier import check_episode
+
+DONE_TEXT = "Done."
+
+
+def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
+    """One BFCL reference call string -> (name, keyword arguments), without evaluating anything.
+
+    160 reference calls use positional arguments; they are named from the back-end signature."""
+    node = ast.parse(text.strip(), mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a plain call: {text!r}")
+    name = node.func.id
+    params = list(inspect.signature(methods[name]).parameters) if node.args else []
+    args = {params[i]: ast.literal_eval(a) for i, a in enumerate(node.args)}
+    args.update({k.arg: ast.literal_eval(k.value) for k in node.keywords})
+    return name, args
+
+
+def _signatures(task: Task) -> dict:
+    return public_methods(new_instances(task))
+
+
+def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[str, dict]]]:
+    methods = _signatures(task)
+    turns = []
+    for calls in task.ground_truth:
+        parsed = [ground_truth_call(c, methods) for c in calls]
+        turns.append(parsed[:-1] if drop_last and parsed else parsed)
+    return turns
+
+
+def scripted_messages(turn_calls: list[tuple[str, dict]]) -> list[str]:
+    """Assistant messages for one turn: all its calls in one message, then a closing answer."""
+    calls = "\n".join(format_call(name, args) for name, args in turn_calls)
+    return ([calls] if calls else []) + [DONE_TEXT]
+
+
+def play(env, turns: list[list[tuple[str, dict]]]) -> list[dict]:
+    """Reset an episode and drive it with scripted assistant messages; returns the conversation."""
+    messages, _ = env.reset()
+    for turn_calls in turns:
+        for text in scripted_messages(turn_calls):
+            messages.append({"role": "assistant", "content": text})
+            result = env.step(text)
+            messages += result.observation
+            if result.turn_done:
+                break
+        if env.done:
+            break
+    return messages
+
+
+def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[Episode, float]:
+    """Drive an episode with scripted assistant messages; returns it and its reward."""
+    episode = Episode(task, **limits)
+    play(episode, turns)
+    return episode, check_episode(episode).reward
+
+
+POLICIES: dict[str, Callable[[Task], list]] = {
+    "ground_truth": lambda task: ground_truth_turns(task),
+    "empty": lambda task: [[] for _ in task.turns],
+    "drop_last_call": lambda task: ground_truth_turns(task, drop_last=True),
+}

@@ -1,0 +1,43 @@
+"""A run's tasks: the train / held-in split of BFCL V3 (or of the practice sets), and tasks by id.
+
+BFCL's tasks come from seal_mini.envs.bfcl, the practice tasks from seal_mini.envs.practice; a recipe's
+data.source says which, and everything downstream takes `Task`s from here without asking.
+"""
+
+from __future__ import annotations
+
+from seal_mini.config import Config, ConfigError
+from seal_mini.envs import practice
+from seal_mini.envs.bfcl import Task, make_split, read_split_file, tasks_by_id
+from seal_mini.envs.practice import practice_split
+
+
+def load_split(cfg: Config) -> dict[str, list[str]]:
+    """The run's train / eval ids: an explicit id file, the seeded split by base-task index, or (data.source:
+    practice) the seeded practice sets."""
+    if cfg.data.source == "practice":
+        if cfg.data.split_file:
+            raise ConfigError("data.split_file applies to data.source=bfcl; practice sets come from data.split_seed")
+        return practice_split(cfg)
+    if cfg.data.split_file:
+        split = read_split_file(cfg.data.split_file)
+    else:
+        split = make_split(cfg.data.train_per_category, cfg.data.split_seed, cfg.data.categories)
+    keep = tuple(f"multi_turn_{c}_" for c in cfg.data.categories)
+    return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
+
+
+def pick(ids: list[str], limit: int) -> list[Task]:
+    """Tasks for ids (BFCL or practice); with a limit, spread it over the categories (first N of each)."""
+    by_id = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}
+    tasks = [practice.task(i) if practice.is_practice(i) else by_id[i] for i in ids]
+    if not limit:
+        return tasks
+    per_category: dict[str, list[Task]] = {}
+    for t in tasks:
+        per_category.setdefault(t.category, []).append(t)
+    out, k = [], 0
+    while len(out) < limit and any(k < len(v) for v in per_category.values()):
+        out += [v[k] for v in per_category.values() if k < len(v)]
+        k += 1
+    return out[:limit]

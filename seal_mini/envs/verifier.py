@@ -1,0 +1,86 @@
+"""Reward = what BFCL's eval_runner gives a multi-turn entry: the official multi_turn_checker's verdict.
+
+For a multi-turn entry the pinned eval_runner (_evaluate_single_multi_turn_entry) does two things and
+nothing else: an entry whose inference was force-quit before its last turn fails as force_terminated,
+and every other entry gets multi_turn_checker's verdict on all the calls decoded from each message.
+(The package also has a multi_turn_irrelevance_checker; eval_runner imports it and never calls it, so a
+call on a turn whose ground truth makes none is executed and not failed.) The episode's records are
+that decoded input already (seal_mini.envs.episode), so the checker sees what BFCL's scorer would give it.
+
+The checker re-executes the model's calls and the ground truth turn by turn on fresh instances and
+compares state and outputs. It evaluates call strings with eval(): every string is checked first
+(seal_mini.envs.harness.unsafe_calls) to run only a public method of the task's back ends with literal
+values, or to stop with an error before anything runs; an input holding anything else is refused. The
+checker caches back-end instances in its module's globals and never frees them; every check here uses a
+unique, unguessable name and removes its instances afterwards, so memory stays flat.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from seal_mini.envs.bfcl import Task
+
+
+@dataclass
+class Verdict:
+    reward: float
+    """1.0 if the checker passes the episode, else 0.0."""
+    error_type: str = ""
+    """The checker's error type (e.g. multi_turn:instance_state_mismatch), empty on success."""
+    failed_turn: int | None = None
+    """Turn at which the checker stopped, if it failed."""
+    details: dict = field(default_factory=dict)
+
+
+def _failed_turn(result: dict) -> int | None:
+    """The checker names the turn in most messages; a state mismatch carries the executed turns."""
+    m = re.search(r"turn (\d+)", result.get("error_message", ""))
+    if m:
+        return int(m.group(1))
+    executed = result.get("execution_result")
+    return len(executed) - 1 if executed else None
+
+
+def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = False) -> Verdict:
+    """Score one episode as eval_runner scores a multi-turn entry (forced_quit: force-quit before its last turn)."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    from seal_mini.envs.harness import unsafe_calls
+
+    if forced_quit:  # eval_runner: fewer turns than the ground truth means the inference was force-quit
+        return Verdict(0.0, "multi_turn:force_terminated", len(checker_input) - 1, {})
+    model_name = f"seal_mini_check_{uuid.uuid4().hex}"
+    unsafe = unsafe_calls(task, checker_input, model_name)
+    if unsafe:
+        raise ValueError(f"checker input for {task.id} holds calls the checker must not eval: {unsafe[:3]}")
+    entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
+    try:
+        result = multi_turn_checker(checker_input, task.ground_truth, entry, task.id.rsplit("_", 1)[0], model_name)
+    finally:
+        cache = vars(multi_turn_utils)
+        for key in [k for k in cache if k.startswith(model_name + "_")]:
+            del cache[key]
+    if result["valid"]:
+        return Verdict(1.0)
+    message = result.get("error_message", "")
+    details = {"error_message": message}
+    if "details" in result and "differences" in result["details"]:
+        # States can be huge (long_context file systems): keep a readable excerpt of each difference.
+        details["differences"] = {k: repr(v)[:500] for k, v in result["details"]["differences"].items()}
+    if "details" in result and "missing_items" in result["details"]:
+        details["missing_items"] = [str(m)[:500] for m in result["details"]["missing_items"]]
+    return Verdict(0.0, result.get("error_type", ""), _failed_turn(result), details)
+
+
+def check_episode(episode) -> Verdict:
+    """The verdict on a finished episode (or interface wrapper). BFCL fails an entry whose inference was
+    force-quit (more than 20 tool-calling messages in a turn) before its last turn; one force-quit in its
+    last turn has every turn and is scored as usual."""
+    from seal_mini.envs.episode import NOT_REACHED, TURN_LIMIT
+
+    forced = episode.ended_by == TURN_LIMIT and episode.turn_records()[-1].ended_by == NOT_REACHED
+    return check(episode.task, episode.checker_input(), forced_quit=forced)

@@ -1,0 +1,95 @@
+"""Who plays an evaluation: a model policy (ModelAgent) or a scripted one (ScriptedAgent), and the identity
+of a piece of evaluation work. Held-in BFCL V3 and every suite run their episodes through these.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+from seal_mini.config import Config, ConfigError
+from seal_mini.envs.scripted import POLICIES, play
+
+
+class ModelAgent:
+    """A model policy: batched rollouts with the adapter on, or off (the backbone row).
+
+    Agents share one method, run(envs, progress=None) -> one record per env; `progress` (a tqdm bar)
+    advances once per finished episode."""
+
+    def __init__(self, policy, cfg: Config, adapter: bool = True, temperature: float | None = None):
+        self.policy, self.cfg, self.adapter = policy, cfg, adapter
+        self.temperature = cfg.eval.temperature if temperature is None else temperature
+        self.name = f"{cfg.model.name}{' + adapter' if adapter else ''}"
+        self._adapter_hash = None
+
+    @property
+    def adapter_hash(self) -> str | None:
+        """sha256 of the adapter weights this agent runs with (None for the backbone): two evaluations
+        of differently trained adapters never share pieces, whatever their source says."""
+        if self.adapter and self._adapter_hash is None:
+            import hashlib
+
+            import torch
+
+            digest = hashlib.sha256()
+            for name, lora in sorted(getattr(self.policy.model, "peft_config", {}).items()):
+                digest.update(f"{name}: r={lora.r} alpha={lora.lora_alpha}".encode())  # the scale of the weights
+            for name, p in sorted(self.policy.model.named_parameters()):
+                if "lora_" in name:
+                    digest.update(name.encode())
+                    digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+            self._adapter_hash = digest.hexdigest()
+        return self._adapter_hash
+
+    def run(self, envs: list, progress=None) -> list[dict]:
+        from seal_mini.engine.rollout import run_rollouts
+
+        with nullcontext() if self.adapter else self.policy.reference():
+            trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, self.cfg.seed, progress)
+        return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
+
+
+class ScriptedAgent:
+    """A scripted policy from seal_mini.programs.oracle (ground_truth, empty, drop_last_call)."""
+
+    def __init__(self, mode: str):
+        if mode not in POLICIES:
+            raise ConfigError(f"--scripted {mode}: choose from {sorted(POLICIES)}")
+        self.mode, self.name = mode, f"scripted:{mode}"
+
+    def run(self, envs: list, progress=None) -> list[dict]:
+        records = []
+        for env in envs:
+            records.append({"messages": play(env, POLICIES[self.mode](env.task)), "truncated": False, "n_sampled": 0})
+            if progress is not None:
+                progress.update(1)
+        return records
+
+
+def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, **extra) -> dict:
+    """What produced a piece of evaluation work: policy, adapter, source, tasks, generation settings, token
+    limits, kit version (and what a suite adds). A piece is reused only by an evaluation with the same."""
+    from seal_mini import __version__
+
+    r = cfg.rollout
+    return {
+        "policy": agent.name,
+        # everything that shapes the model's forward pass (gradient checkpointing only acts in the update)
+        "model": {k: v for k, v in cfg.to_dict()["model"].items() if k != "gradient_checkpointing"},
+        "adapter": getattr(agent, "adapter_hash", None),
+        "source": source,
+        "task_ids": task_ids,
+        "generation": {
+            "temperature": getattr(agent, "temperature", None),
+            "top_p": r.top_p,
+            "max_new_tokens": r.max_new_tokens,
+            "seed": cfg.seed,
+        },
+        "limits": {
+            "max_prompt_tokens": r.max_prompt_tokens,
+            "max_response_tokens": r.max_response_tokens,
+            "max_total_tokens": r.max_total_tokens,
+        },
+        "kit": __version__,
+        **extra,
+    }

@@ -1,0 +1,254 @@
+"""Held-in evaluation under the original protocol: bare environment, official checker, greedy decoding.
+
+No interface, no cue, no changed observation: `Episode` as the benchmark defines it. Every policy goes
+through the same path (`evaluate`), models and scripted policies alike, so a scripted ground-truth
+replay scoring 100% and an untrained tiny model scoring 0% test the very code that scores real models.
+Work is saved task group by task group; a stopped evaluation resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
+from seal_mini.distributed import check_same, is_main, on_main, run_lock, split_work, world_size
+from seal_mini.envs.bfcl import Task
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import POLICIES
+from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent, eval_identity
+from seal_mini.runio import read_json, read_safetensors, resume_pieces, write_json, write_jsonl_gz
+
+CHUNK = 32
+"""Tasks per saved piece of work."""
+
+
+def success_table(rows: list[dict]) -> dict[str, float]:
+    """Success rate per category and their mean (the paper's average over the four categories)."""
+    table = {}
+    for category in CATEGORIES:
+        rewards = [r["reward"] for r in rows if r["category"] == category]
+        if rewards:
+            table[category] = sum(rewards) / len(rewards)
+    table["mean"] = sum(table.values()) / len(table) if table else 0.0
+    return table
+
+
+def evaluate(
+    agent,
+    tasks: list[Task],
+    cfg: Config,
+    out_dir: Path,
+    tag: str,
+    progress: bool = True,
+    chunk_size: int = CHUNK,
+    source: str = "",
+) -> dict:
+    """Run `agent` on `tasks` in the bare environment; writes <out_dir>/<tag>.json and trajectories.
+
+    `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
+    only by an evaluation with the same identity (eval_identity: policy, adapter, tasks, settings).
+    Under torchrun each rank plays its share of every piece; rank 0 writes, every rank gets the result."""
+    out_dir = Path(out_dir)
+    partial = out_dir / f"{tag}.partial"
+    identity = eval_identity(agent, cfg, source, [t.id for t in tasks])
+    done_rows = on_main(resume_pieces, partial, identity)  # resume: the pieces already finished
+    done_ids = {r["task_id"] for r in done_rows}
+    todo = [t for t in tasks if t.id not in done_ids]
+    from tqdm import tqdm
+
+    bar = tqdm(
+        total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress or not is_main()
+    )
+    piece = chunk_size * world_size()  # each rank plays chunk_size episodes of a piece at once
+    for start in range(0, len(todo), piece):
+        rows = split_work(todo[start : start + piece], lambda share: play_tasks(agent, share, bar))
+        if is_main():
+            write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
+        done_rows += rows
+        if bar.n < len(done_rows):  # the other ranks' episodes of the piece
+            bar.update(len(done_rows) - bar.n)
+    bar.close()
+
+    by_id = {r["task_id"]: r for r in done_rows}
+    rows = [by_id[t.id] for t in tasks]
+    result = {
+        "tag": tag,
+        "policy": agent.name,
+        "source": source,
+        "n_tasks": len(rows),
+        "success": success_table(rows),
+        "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
+        "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
+        "label_counts": _label_counts(rows),
+    }
+    if is_main():
+        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
+        write_json(out_dir / f"{tag}.json", result)
+        shutil.rmtree(partial)
+    return result
+
+
+def play_tasks(agent, tasks: list[Task], progress=None) -> list[dict]:
+    """`agent` on each task in the bare environment, scored by the official checker: one row per task."""
+    from seal_mini.core.diagnose import diagnose
+    from seal_mini.envs.verifier import check_episode
+
+    envs = [Episode(t) for t in tasks]  # BFCL's own limits: env.* shape training episodes only
+    records = agent.run(envs, progress=progress) if envs else []  # the bar moves as each episode finishes
+    rows = []
+    for task, env, record in zip(tasks, envs, records, strict=True):
+        verdict = check_episode(env)
+        rows.append(
+            {
+                "task_id": task.id,
+                "category": task.category,
+                "reward": verdict.reward,
+                "error_type": verdict.error_type,
+                "failed_turn": verdict.failed_turn,
+                "labels": diagnose(env, verdict),
+                **record,
+            }
+        )
+    return rows
+
+
+def _label_counts(rows: list[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        for z in r["labels"]:
+            counts[z] = counts.get(z, 0) + 1
+    return counts
+
+
+def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
+    """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
+    from seal_mini.envs.splits import load_split, pick
+
+    if ids_file:
+        path = Path(ids_file)
+        if not path.is_file():
+            raise ConfigError(f"--ids {ids_file}: no such file (a JSON list of task ids)")
+        ids = read_json(path, fix="give a JSON list of task ids")
+        if not isinstance(ids, list):
+            raise ConfigError(f"--ids {ids_file}: expected a JSON list of task ids")
+        from seal_mini.envs.bfcl import tasks_by_id
+
+        known = tasks_by_id()
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise ConfigError(f"--ids {ids_file}: unknown task ids {unknown[:5]}")
+        return [known[i] for i in ids]
+    split = load_split(cfg)
+    ids = split["train"] + split["eval"] if cfg.eval.split == "all" else split[cfg.eval.split]
+    return pick(ids, cfg.data.max_eval_tasks)
+
+
+def print_table(result: dict) -> None:
+    cells = " | ".join(f"{k} {100 * v:.2f}%" for k, v in result["success"].items())
+    print(f"[eval] {result['tag']} ({result['policy']}, {result['n_tasks']} tasks): {cells}")
+
+
+def main(argv: list[str]) -> int:
+    from seal_mini.config import OOD_SUITES
+
+    parser = argparse.ArgumentParser(
+        prog="python -m seal_mini eval", description="held-in BFCL V3 evaluation, or an out-of-distribution suite"
+    )
+    parser.add_argument("recipe", nargs="?", help="recipes/X.yaml (model, limits, split); default: built-in defaults")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--adapter", help="a trained adapter folder (e.g. runs/NAME/adapter)")
+    parser.add_argument("--scripted", help="evaluate a scripted policy instead of a model: " + ", ".join(POLICIES))
+    parser.add_argument("--ids", help="a JSON list of task ids instead of the split")
+    parser.add_argument(
+        "--tag", default="", help="name of the result files (default: eval_base / eval_adapter / the scripted policy)"
+    )
+    parser.add_argument("--suite", choices=["bfcl_v3", *OOD_SUITES], default="bfcl_v3", help="what to evaluate on")
+    parser.add_argument(
+        "--domains", help="tau2: retail,airline,telecom; bfcl_v4_memory: kv,rec_sum,vector (default: the recipe's ood)"
+    )
+    args = parser.parse_args(argv)
+    if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
+        args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
+    cfg = load_config(args.recipe, args.overrides)
+    check_same("settings", {"config": cfg.to_dict(), "args": vars(args)})  # several ranks: one evaluation
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
+        return suite_main(args, cfg) if args.suite != "bfcl_v3" else held_in_main(args, cfg)
+
+
+def held_in_main(args, cfg: Config) -> int:
+    """`eval`: held-in BFCL V3 for the backbone, an adapter or a scripted policy."""
+    tasks = eval_tasks(cfg, args.ids)
+    out_dir = cfg.run_dir / "eval"
+    results = []
+    if args.scripted:
+        results.append(evaluate(ScriptedAgent(args.scripted), tasks, cfg, out_dir, args.tag or args.scripted))
+    else:
+        policy = load_policy_for(cfg, args.adapter)
+        if cfg.eval.base_model or not args.adapter:
+            tag = args.tag or "eval_base"
+            results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, tag, source="base"))
+        if args.adapter:
+            tag = f"{args.tag}_adapter" if args.tag else "eval_adapter"
+            adapter = ModelAgent(policy, cfg, adapter=True)
+            results.append(evaluate(adapter, tasks, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
+    for result in results:
+        print_table(result)
+    print(json.dumps({r["tag"]: r["success"] for r in results}))
+    return 0
+
+
+def load_policy_for(cfg: Config, adapter: str | None):
+    """The recipe's model, with a trained adapter folder if one is given."""
+    from seal_mini.engine.policy import load_policy
+
+    if adapter:
+        if not Path(adapter).is_dir():
+            raise ConfigError(f"--adapter {adapter}: no such folder")
+        # a damaged adapter is named here in one line, not deep inside peft
+        read_safetensors(Path(adapter) / "adapter_model.safetensors", fix="restore it, or train it again")
+        cfg.lora.adapter_path = adapter
+    return load_policy(cfg)
+
+
+def suite_main(args, cfg: Config) -> int:
+    """`eval --suite S`: an out-of-distribution suite for the backbone, an adapter or a scripted policy."""
+    from seal_mini.evaluation.suites import print_suite, run_suite, scripted_agent
+
+    suite = args.suite
+    if args.ids:
+        raise ConfigError(f"--ids applies to bfcl_v3 only; for {suite} use ood.max_tasks=N")
+    if args.domains:
+        names = [d.strip() for d in args.domains.split(",") if d.strip()]
+        if suite == "tau2":
+            cfg.ood.tau2_domains = names
+        elif suite == "bfcl_v4_memory":
+            cfg.ood.memory_backends = names
+        else:
+            raise ConfigError(f"--domains does not apply to {suite}")
+        cfg.validate()
+    out_dir = cfg.run_dir / "eval"
+    results = []
+    if args.scripted:
+        agent = scripted_agent(suite, args.scripted)
+        results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_scripted_{args.scripted}"))
+    else:
+        policy = load_policy_for(cfg, args.adapter)
+        if cfg.eval.base_model or not args.adapter:
+            agent = ModelAgent(policy, cfg, adapter=False)
+            results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_base", source="base"))
+        if args.adapter:
+            agent = ModelAgent(policy, cfg, adapter=True)
+            tag = f"{args.tag}_adapter" if args.tag else f"{suite}_adapter"
+            results.append(run_suite(suite, agent, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
+    for result in results:
+        print_suite(result)
+    print(json.dumps({r["tag"]: {"scores": r["scores"], "mean": r["mean"]} for r in results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""What the out-of-distribution suites share: optional imports, the loopback-only guard, results.
+
+The suites (seal_mini.evaluation.bfcl_v4 for BFCL V4 memory and web search, seal_mini.evaluation.tau2 for
+tau2-bench) never train; they score a policy the way their packages do. Each suite episode fits the
+rollout engine's reset / step / truncate contract, so a model policy runs through the same engine,
+the same `ModelAgent` and the same trajectory records as the held-in BFCL V3 evaluation.
+
+A suite result (<run_dir>/eval/<suite>_<base|adapter>.json) is one dict:
+    suite, tag, policy, source        what was scored, as in the held-in results
+    user_simulator                    who played the user (tau2), None where no user is simulated
+    scores    {column: success rate}  one column per memory back end / web-search set / tau2 domain
+    passed, total {column: count}
+    truncated {column: count}         episodes a token limit ended (they score 0)
+    skipped   {column: reason}        columns that could not run here, with the one-line reason
+    mean                              the mean over the columns that ran (Table 2's average)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import ipaddress
+import socket
+import sys
+from collections.abc import Iterator
+
+from seal_mini.config import ConfigError
+
+EXTRA = "pip install -r requirements-ood.txt"
+
+
+def require(module: str, suite: str) -> None:
+    """Import check for a suite's optional dependency, with the install line when it is missing."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{suite} needs the optional extra ({e.name} is missing): {EXTRA}") from None
+
+
+SUITE_MODULES = {
+    "bfcl_v4_memory": ("overrides", "rank_bm25"),
+    "bfcl_v4_web_search": ("serpapi", "html2text", "bs4"),
+    "tau2": ("tau2",),
+}
+"""What each suite needs from the optional extra (module names)."""
+
+
+class NetworkRefused(ConnectionRefusedError):
+    """A connection or name lookup that an active network guard does not allow."""
+
+
+_ACTIVE: list[str] = []
+"""The guards now in force ("loopback" or "public"), outermost first; every one must allow an access."""
+REFUSED: list[str] = []
+"""Every access a guard refused in this process (tests check that a suite attempted none)."""
+
+
+def _ip(host) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if isinstance(host, bytes):
+        host = host.decode("ascii", "replace")
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0])
+    except ValueError:
+        return None
+
+
+def _allows(mode: str, host, lookup: bool) -> bool:
+    """Whether a guard lets this host through: a name lookup (lookup=True) or a connection / datagram."""
+    if mode == "loopback":
+        ip = _ip(host)
+        return host in ("localhost", b"localhost", "", None) or (ip is not None and ip.is_loopback)
+    # "public": any name may be looked up; only globally routable addresses may be contacted, so a model
+    # steering a web-fetch tool cannot reach this machine, its network or a cloud metadata service.
+    if lookup:
+        return True
+    ip = _ip(host)
+    if ip is None:  # a host name given straight to connect(): check what it resolves to
+        infos = socket.getaddrinfo(host, None)
+        return bool(infos) and all(_allows(mode, info[4][0], lookup=False) for info in infos)
+    return ip.is_global
+
+
+def _audit(event: str, args: tuple) -> None:
+    # Audit events are raised from C for every socket, whatever library or event loop made the call.
+    if not _ACTIVE or not event.startswith("socket."):
+        return
+    if event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+        sock, address = args[0], args[1]
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple):
+            return  # Unix sockets, and sendmsg on a connected socket (already checked at connect)
+        host, lookup = address[0], False
+    elif event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr"):
+        host, lookup = args[0], True
+    elif event == "socket.getnameinfo":
+        host, lookup = args[0][0], True
+    else:
+        return
+    if not all(_allows(mode, host, lookup) for mode in list(_ACTIVE)):
+        what = "name lookup of" if lookup else "network access to"
+        REFUSED.append(f"{event} {host!r}")
+        raise NetworkRefused(f"{what} {host!r} refused: this runs offline ({' + '.join(_ACTIVE)} only)")
+
+
+_hook_installed = False
+
+
+@contextlib.contextmanager
+def _guard(mode: str) -> Iterator[None]:
+    global _hook_installed
+    if not _hook_installed:  # an audit hook cannot be removed: install one, switched by _ACTIVE
+        sys.addaudithook(_audit)
+        _hook_installed = True
+    _ACTIVE.append(mode)
+    try:
+        yield
+    finally:
+        _ACTIVE.pop()
+
+
+def loopback_only():
+    """Within this block, any connection, datagram or name lookup outside loopback raises NetworkRefused.
+
+    The suites' packages carry clients for remote services (LLM APIs, telemetry, model hubs); this
+    makes sure none is ever contacted, whatever a package does on import or at run time. (Child
+    processes are not covered; the suites start none.)"""
+    return _guard("loopback")
+
+
+def public_only():
+    """Within this block only globally routable addresses may be contacted (web search: a model-chosen
+    URL must not reach this machine, its local network or a metadata service)."""
+    return _guard("public")
+
+
+def active_guards() -> list[str]:
+    """The guards now in force, outermost first."""
+    return list(_ACTIVE)
+
+
+def suite_result(
+    suite: str,
+    tag: str,
+    agent_name: str,
+    source: str,
+    rows: list[dict],
+    columns: list[str],
+    skipped: dict[str, str],
+    user_simulator: str | None = None,
+) -> dict:
+    """The result dict of a suite from its scored rows (each has "column" and "reward" in [0, 1])."""
+    passed = {c: sum(r["reward"] for r in rows if r["column"] == c) for c in columns}
+    total = {c: sum(1 for r in rows if r["column"] == c) for c in columns}
+    scores = {c: passed[c] / total[c] for c in columns if total[c]}
+    truncated = {c: sum(1 for r in rows if r["column"] == c and r.get("truncated")) for c in columns}
+    return {
+        "suite": suite,
+        "tag": tag,
+        "policy": agent_name,
+        "source": source,
+        "user_simulator": user_simulator,
+        "scores": scores,
+        "passed": passed,
+        "total": total,
+        "truncated": truncated,
+        "skipped": dict(skipped),
+        "mean": sum(scores.values()) / len(scores) if scores else None,
+    }

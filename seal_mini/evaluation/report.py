@@ -1,0 +1,410 @@
+"""A markdown report with PNG plots, drawn from run directories' files alone.
+
+    python -m seal_mini report RUN_DIR [RUN_DIR ...] [--out DIR]
+
+Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
+Table-2-style out-of-distribution result (BFCL V4 memory / web search, tau2 domains), the Table-3-style ablation table when several runs are given, held-in success over training steps,
+reward / KL / clip-fraction curves, the failure-label profile over steps, which interface cues were
+active when, and the distribution of diagnostic weights. Every number comes from eval/*.json,
+metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
+from seal_mini.core.interface import active_cues
+from seal_mini.runio import atomic_write_bytes, atomic_write_text, read_json, read_jsonl_gz, read_metrics, run_lock
+
+COLUMNS = [*CATEGORIES, "mean"]
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def delta(after: float | None, before: float | None) -> str:
+    if after is None or before is None:
+        return "-"
+    return f"{100 * (after - before):+.2f}"
+
+
+REMOVE = "restore it, or delete it (the report then leaves it out)"
+"""What to do about a damaged file the report reads; the run itself never reads these back."""
+
+
+def check_run_dir(run_dir: Path) -> None:
+    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
+        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+
+
+def load_run(run_dir: Path) -> dict:
+    """Everything the report reads from one run directory."""
+    run_dir = Path(run_dir)
+    check_run_dir(run_dir)
+    evals = {}
+    for path in sorted((run_dir / "eval").glob("*.json")):
+        evals[path.stem] = read_json(path, fix="restore it, or delete it and rerun the evaluation that wrote it")
+    rounds = [read_json(p, fix=REMOVE) for p in sorted((run_dir / "rounds").glob("step_*.json"))]
+    weights = []
+    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
+        weights += [r["weight"] for r in read_jsonl_gz(path, fix=REMOVE)]
+    return {
+        "name": run_dir.name,
+        "dir": run_dir,
+        "metrics": read_metrics(run_dir),
+        "evals": evals,
+        "rounds": rounds,
+        "weights": weights,
+    }
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+def table_main(run: dict) -> str:
+    base, trained = run["evals"].get("base"), run["evals"].get("adapter")
+    if not base and not trained:
+        return "_No final evaluation in this run (eval/base.json, eval/adapter.json)._\n"
+    head = "| policy | " + " | ".join(COLUMNS) + " |\n|---|" + "---|" * len(COLUMNS) + "\n"
+    lines = []
+    if base:
+        lines.append(f"| backbone ({base['policy']}) | " + " | ".join(pct(base["success"].get(c)) for c in COLUMNS))
+    if trained:
+        lines.append(f"| + SEAL ({run['name']}) | " + " | ".join(pct(trained["success"].get(c)) for c in COLUMNS))
+    if base and trained:
+        lines.append(
+            "| delta | " + " | ".join(delta(trained["success"].get(c), base["success"].get(c)) for c in COLUMNS)
+        )
+    n = (trained or base)["n_tasks"]
+    return head + " |\n".join(lines) + " |\n\n" + f"Success rate (%), {n} held-in tasks, bare benchmark, greedy.\n"
+
+
+def table_ood(run: dict) -> str:
+    """Table 2 layout: each out-of-distribution column (memory back end, web search set, tau2 domain)
+    and their average, backbone vs trained, from eval/<suite>_{base,adapter}.json."""
+    evals, whiches = run["evals"], ("base", "adapter")
+    results = {w: {s: evals[f"{s}_{w}"] for s in OOD_SUITES if f"{s}_{w}" in evals} for w in whiches}
+    suites = [s for s in OOD_SUITES if any(s in results[w] for w in whiches)]
+    if not suites:
+        return "_No out-of-distribution evaluation in this run (ood.suites in the recipe)._\n"
+    columns = list(
+        dict.fromkeys((s, c) for s in suites for w in whiches for c in results[w].get(s, {}).get("total", {}))
+    )
+    scores = {w: {(s, c): v for s, r in results[w].items() for c, v in r["scores"].items()} for w in whiches}
+
+    def average(row: dict) -> float | None:
+        values = [row[k] for k in columns if k in row]
+        return sum(values) / len(values) if values else None
+
+    def line(name: str, cells: list[str]) -> str:
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
+    lines = [line("policy", [*names, "average"]), "|---|" + "---|" * (len(columns) + 1)]
+    base, trained = scores["base"], scores["adapter"]
+    if results["base"]:
+        model = next(iter(results["base"].values()))["policy"]
+        lines.append(line(f"backbone ({model})", [pct(base.get(k)) for k in columns] + [pct(average(base))]))
+    if results["adapter"]:
+        cells = [pct(trained.get(k)) for k in columns] + [pct(average(trained))]
+        lines.append(line(f"+ SEAL ({run['name']})", cells))
+    if results["base"] and results["adapter"]:
+        cells = [delta(trained.get(k), base.get(k)) for k in columns]
+        lines.append(line("delta", cells + [delta(average(trained), average(base))]))
+
+    notes = ["", "Success rate (%), each suite scored by its own package."]
+    for suite in suites:
+        result = results["adapter"].get(suite) or results["base"][suite]
+        counts = ", ".join(f"{c} {n}" for c, n in result["total"].items())
+        notes.append(f"- {suite}: tasks per column: {counts or 'none'}.")
+        if result.get("user_simulator"):
+            notes.append(f"  User simulator: {result['user_simulator']}.")
+        for which, label in (("base", "backbone"), ("adapter", "trained")):
+            cut = {c: n for c, n in results[which].get(suite, {}).get("truncated", {}).items() if n}
+            if cut:
+                counts = ", ".join(f"{c} {n}" for c, n in cut.items())
+                notes.append(f"  Ended by a token limit (scored 0), {label}: {counts}.")
+        for column, reason in result["skipped"].items():
+            notes.append(f"  {column} not run: {reason}.")
+    return "\n".join(lines + notes) + "\n"
+
+
+def table_ablation(runs: list[dict]) -> str:
+    head = "| run | " + " | ".join(COLUMNS) + " | delta mean vs backbone |\n|---|" + "---|" * (len(COLUMNS) + 1) + "\n"
+    lines = []
+    for run in runs:
+        trained, base = run["evals"].get("adapter"), run["evals"].get("base")
+        if not trained:
+            lines.append(f"| {run['name']} | " + " | ".join("-" for _ in COLUMNS) + " | - |")
+            continue
+        cells = " | ".join(pct(trained["success"].get(c)) for c in COLUMNS)
+        d = delta(trained["success"].get("mean"), base["success"].get("mean") if base else None)
+        lines.append(f"| {run['name']} | {cells} | {d} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def table_training(run: dict) -> str:
+    rows = run["metrics"]
+    if not rows:
+        return "_No training metrics (metrics.jsonl)._\n"
+    keys = ["charts/reward", "losses/kl_ref", "losses/clipfrac", "weights/mean", "adv/zero_frac"]
+    keys = [k for k in keys if any(k in r for r in rows)]
+    head = "| step | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys) + "\n"
+    body = "\n".join(
+        f"| {r['step']} | " + " | ".join(f"{r[k]:.4f}" if k in r else "-" for k in keys) + " |" for r in rows
+    )
+    return head + body + "\n"
+
+
+# --- plots ------------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    """Render to memory, then write atomically like every other file: a stopped report never leaves
+    half an image under its real name."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    _plt().close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _step_axis(ax, steps: list[int]) -> None:
+    """Whole-number training steps, the full range shown."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if steps:
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
+    ax.set_xlabel("training step")
+
+
+def _eval_steps(run: dict) -> list[int]:
+    steps = [int(tag.split("_")[1]) for tag in run["evals"] if tag.startswith("step_")]
+    if run["metrics"]:
+        steps.append(run["metrics"][-1]["step"] + 1)
+    return [0, *steps]
+
+
+def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    drew = False
+    for run in runs:
+        points = sorted((int(tag.split("_")[1]), e) for tag, e in run["evals"].items() if tag.startswith("step_"))
+        final_step = run["metrics"][-1]["step"] + 1 if run["metrics"] else None
+        if "adapter" in run["evals"] and final_step is not None:
+            points.append((final_step, run["evals"]["adapter"]))
+        if "base" in run["evals"]:
+            points.insert(0, (0, run["evals"]["base"]))
+        if len(points) < 1:
+            continue
+        steps = [s for s, _ in points]
+        for c in COLUMNS if len(runs) == 1 else ["mean"]:
+            ys = [100 * e["success"].get(c, 0.0) for _, e in points]
+            style = "-o" if c == "mean" else "--."
+            ax.plot(steps, ys, style, label=c if len(runs) == 1 else f"{run['name']} mean")
+            drew = True
+    if not drew:
+        plt.close(fig)
+        return False
+    _step_axis(ax, [s for run in runs for s in _eval_steps(run)])
+    ax.set_ylim(-3, 103)
+    ax.set_ylabel("held-in success (%)")
+    ax.set_title("Held-in success over training (bare benchmark)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+def plot_curves(runs: list[dict], path: Path) -> bool:
+    keys = [("charts/reward", "reward"), ("losses/kl_ref", "KL to reference"), ("losses/clipfrac", "clip fraction")]
+    if not any(r["metrics"] for r in runs):
+        return False
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
+    for ax, (key, title) in zip(axes, keys, strict=True):
+        for run in runs:
+            pts = [(r["step"], r[key]) for r in run["metrics"] if key in r]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label=run["name"])
+        ax.set_title(title)
+        _step_axis(ax, [r["step"] for run in runs for r in run["metrics"]])
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+def plot_labels(run: dict, path: Path) -> bool:
+    rounds = [r for r in run["rounds"] if r.get("profile")]
+    if not rounds:
+        return False
+    plt = _plt()
+    steps = [r["step"] for r in rounds]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(rounds)
+    for z in LABELS:
+        ys = [r["profile"].get(z, {}).get("prevalence", 0.0) for r in rounds]
+        if any(ys):
+            ax.bar(steps, ys, bottom=bottom, label=z)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+    _step_axis(ax, steps)
+    ax.set_ylabel("share of turns")
+    ax.set_title("Failure-label profile per round")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+def plot_cues(run: dict, path: Path) -> bool:
+    rounds = run["rounds"]
+    cues = sorted({c for r in rounds for c in active_cues(r.get("interface_used"))})
+    if not rounds or not cues:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(cues)))
+    for i, cue in enumerate(cues):
+        on = [r["step"] for r in rounds if cue in active_cues(r.get("interface_used"))]
+        ax.scatter(on, [i] * len(on), marker="s", s=60)
+    ax.set_ylim(-0.5, len(cues) - 0.5)  # one row per cue, even when there is a single cue
+    ax.set_yticks(range(len(cues)))
+    ax.set_yticklabels(cues, fontsize=8)
+    _step_axis(ax, [r["step"] for r in rounds])
+    ax.set_title("Interface cues active per round")
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+def plot_weights(run: dict, path: Path) -> bool:
+    if not run["weights"]:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(run["weights"], bins=30)
+    ax.set_xlabel("diagnostic weight w_j")
+    ax.set_ylabel("trajectories")
+    ax.set_title("Distribution of diagnostic weights (all rounds)")
+    fig.tight_layout()
+    save_figure(fig, path)
+    return True
+
+
+# --- the report -------------------------------------------------------------------------------------
+
+
+def table_labels(run: dict) -> str:
+    rounds = [r for r in run["rounds"] if r.get("profile")]
+    if not rounds:
+        return "_No diagnosis recorded (train.diagnose off)._\n"
+    labels = [z for z in LABELS if any(z in r["profile"] for r in rounds)]
+    head = "| step | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
+    body = "\n".join(
+        f"| {r['step']} | " + " | ".join(str(r["profile"].get(z, {}).get("count", 0)) for z in labels) + " |"
+        for r in rounds
+    )
+    return head + body + "\n\nTurns per label in each round's training rollouts.\n"
+
+
+def cue_table(run: dict) -> str:
+    if not run["rounds"]:
+        return "_No rounds recorded._\n"
+    lines = [f"| {r['step']} | {', '.join(active_cues(r.get('interface_used'))) or 'none'} |" for r in run["rounds"]]
+    return "| step | active cues |\n|---|---|\n" + "\n".join(lines) + "\n"
+
+
+def warm_start_summary(run_dir: Path) -> str:
+    """What the warm start learned from (warm_start/sft.json): demonstrations, faults, labels, loss."""
+    path = Path(run_dir) / "warm_start" / "sft.json"
+    if not path.exists():
+        return ""
+    sft = read_json(path)
+    stats, log = sft["stats"], sft["log"]
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(stats["faulted_turns"].items())) or "none"
+    labels = ", ".join(f"{k} {v}" for k, v in sorted(stats["labels"].items(), key=lambda kv: -kv[1]))
+    return (
+        f"Supervised fine-tuning on {stats['demonstrations']} demonstrations ({stats['with_a_fault']} carry a "
+        f"fault) in {len(log)} steps, {sft['seconds']:.0f} s; loss {log[0]['sft/loss']:.3f} -> "
+        f"{log[-1]['sft/loss']:.3f}.\n\n- Faulted turns: {faults} (of {stats['turns']} turns).\n"
+        f"- The diagnoser's labels on the demonstrations: {labels}.\n"
+    )
+
+
+def weights_summary(run: dict) -> str:
+    w = run["weights"]
+    if not w:
+        return "_No trajectories recorded._\n"
+    mean = sum(w) / len(w)
+    return f"{len(w)} trajectories: mean {mean:.3f}, min {min(w):.3f}, max {max(w):.3f}.\n"
+
+
+def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
+    """Write report.md and its plots into out_dir; returns the markdown path."""
+    runs = [load_run(Path(d)) for d in run_dirs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    main = runs[0]
+    figure = {
+        "eval_over_steps.png": plot_eval_over_steps(runs, out_dir / "eval_over_steps.png"),
+        "curves.png": plot_curves(runs, out_dir / "curves.png"),
+        "labels.png": plot_labels(main, out_dir / "labels.png"),
+        "cues.png": plot_cues(main, out_dir / "cues.png"),
+        "weights.png": plot_weights(main, out_dir / "weights.png"),
+    }
+
+    def img(name: str, alt: str) -> str:
+        return f"![{alt}]({name})\n" if figure[name] else "_No data for this plot._\n"
+
+    parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n"]
+    parts += ["## Result (Table 1 style)\n", table_main(main)]
+    if warm_start_summary(main["dir"]):  # the backbone row is a warm start built by seal_mini/training/sft.py
+        parts += ["## Warm start\n", warm_start_summary(main["dir"])]
+    parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
+    if len(runs) > 1:
+        parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
+    parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
+    parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
+    parts += ["## Failure-label profile\n", img("labels.png", "label profile"), table_labels(main)]
+    parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
+    parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
+    path = out_dir / "report.md"
+    atomic_write_text(path, "\n".join(parts))
+    return path
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini report", description="report from run directories")
+    parser.add_argument("runs", nargs="+", help="run directories; the first is the main run")
+    parser.add_argument("--out", help="output folder (default: FIRST_RUN/report)")
+    args = parser.parse_args(argv)
+    runs = [Path(r) for r in args.runs]
+    for run in runs:
+        if not run.is_dir():
+            raise ConfigError(f"report: {run}: no such folder")
+    out = Path(args.out) if args.out else runs[0] / "report"
+    # hold the run directory the report goes into (or the folder itself when it lies in none of them)
+    holder = next((run for run in runs if out.resolve().is_relative_to(run.resolve())), out)
+    with run_lock(holder, " ".join([parser.prog, *argv])):
+        path = build_report(runs, out)
+    print(json.dumps({"report": str(path)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

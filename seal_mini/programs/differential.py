@@ -1,0 +1,571 @@
+"""`python -m seal_mini oracle --differential`: the kit's episode and verifier against BFCL's own harness.
+
+For every task this plays the ground truth and a battery of perturbed episodes (PERTURBATIONS) twice:
+  kit        seal_mini.envs.episode.Episode, then seal_mini.envs.verifier.check_episode (what training and evaluation use);
+  reference  assembled from bfcl-eval's own code only: its multi-turn inference loop
+             (BaseHandler.inference_multi_turn_prompting, which Qwen models run) with its Qwen handler,
+             which decodes each message and runs the calls through BFCL's eval-based executor, then
+             eval_runner._evaluate_single_multi_turn_entry, which decodes every message again and runs
+             multi_turn_checker. The one piece replaced is the model: its query is answered from the
+             episode's script.
+An episode's script is, per user turn, the assistant messages to send; both sides send them in order until
+the turn ends and answer "Done." if the script runs out first (a message that ends a turn early leaves the
+rest unsent). The scripts are generated here from the ground truth, never taken from a model, so BFCL's
+eval() only ever sees strings this module wrote. Verdicts must agree on every episode.
+
+Importing eval_runner imports every model handler BFCL has, and with them API clients and parsers the
+kit does not install; `reference_modules` imports it with those few packages stubbed (nothing in the
+multi-turn path uses them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import json
+import random
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from types import SimpleNamespace
+
+from seal_mini.config import CATEGORIES
+from seal_mini.envs.bfcl import Task, foreign_tool_names, load_tasks, to_chat_tool
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
+from seal_mini.envs.toolcalls import format_call
+
+Call = tuple[str, dict]
+Script = list[list[str]]
+
+# --- the reference: bfcl-eval's inference loop and scorer --------------------------------------------
+
+INFERENCE_ONLY_PACKAGES = (
+    "anthropic",
+    "cohere",
+    "google.genai",
+    "mistralai",
+    "qwen_agent",
+    "writerai",
+    "datamodel_code_generator",
+    "tree_sitter",
+    "tree_sitter_java",
+    "tree_sitter_javascript",
+    "openai",
+    "dotenv",
+    "tenacity",
+)
+"""Packages BFCL's handlers import for API models and other languages' parsers; stubbed when absent."""
+
+
+class _Stubs(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves an empty stand-in module for the absent packages above, while eval_runner is imported."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+
+    def find_spec(self, name, path, target=None):
+        if any(name == n or name.startswith(n + ".") for n in self.names):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        from unittest import mock
+
+        module = mock.MagicMock(name=spec.name)
+        module.__path__, module.__spec__ = [], spec
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@cache
+def reference_modules() -> SimpleNamespace:
+    """bfcl-eval's eval_runner, Qwen handler and data loaders (see the module docstring)."""
+    if not _installed("overrides"):
+        raise ImportError(
+            "the differential check needs bfcl-eval's `overrides` package: pip install -r requirements-ood.txt"
+        )
+    missing = tuple(n for n in INFERENCE_ONLY_PACKAGES if not _installed(n))
+    stubs = _Stubs(missing)
+    sys.meta_path.insert(0, stubs)
+    try:
+        from bfcl_eval import utils
+        from bfcl_eval.eval_checker import eval_runner
+        from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+        from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
+    finally:
+        sys.meta_path.remove(stubs)
+        for name in [m for m in sys.modules if any(m == n or m.startswith(n + ".") for n in missing)]:
+            del sys.modules[name]  # later imports of these names fail as they would have
+    return SimpleNamespace(utils=utils, eval_runner=eval_runner, multi_turn_utils=multi_turn_utils, qwen=QwenFCHandler)
+
+
+@cache
+def _entries(category: str) -> dict[str, tuple[dict, list]]:
+    """Task id -> (BFCL's test entry, ground truth), from BFCL's own loaders."""
+    utils = reference_modules().utils
+    entries = utils.load_dataset_entry(f"multi_turn_{category}")
+    answers = {a["id"]: a["ground_truth"] for a in utils.load_ground_truth_entry(f"multi_turn_{category}")}
+    return {e["id"]: (e, answers[e["id"]]) for e in entries}
+
+
+class _ScriptedModel:
+    """Stands in for the model of BFCL's Qwen handler: each query gets the script's next message."""
+
+    def __init__(self, script: Script):
+        self.script, self.turn, self.sent = script, -1, 0
+
+    def query(self, inference_data: dict):
+        """What OSSHandler._query_prompting returns: (a completion response, latency)."""
+        if inference_data["message"][-1]["role"] not in ("assistant", "tool"):  # a new user turn began
+            self.turn, self.sent = self.turn + 1, 0
+        todo = self.script[self.turn]
+        text = todo[self.sent] if self.sent < len(todo) else DONE_TEXT
+        self.sent += 1
+        usage = SimpleNamespace(prompt_tokens=0, completion_tokens=0)
+        return SimpleNamespace(choices=[SimpleNamespace(text=text)], usage=usage), 0.0
+
+
+@cache
+def _handler():
+    """BFCL's handler for Qwen2.5 in FC mode (the handler class its model config names for it)."""
+    return reference_modules().qwen("Qwen/Qwen2.5-7B-Instruct", 0.0, "Qwen/Qwen2.5-7B-Instruct-FC", True)
+
+
+def bfcl_verdict(task: Task, script: Script) -> tuple[bool, str]:
+    """(valid, error type) that BFCL's inference loop and eval_runner give this scripted episode."""
+    ref = reference_modules()
+    entry, ground_truth = _entries(task.category)[task.id]
+    handler = _handler()
+    name = f"seal_ref_{uuid.uuid4().hex}"
+    handler.model_name_underline_replaced = name  # the executor's instance names for this episode
+    handler._query_prompting = _ScriptedModel(script).query  # the model's one job, answered by the script
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the loop prints every step
+            responses, _ = handler.inference_multi_turn_prompting(copy.deepcopy(entry), False, True)
+            result = ref.eval_runner._evaluate_single_multi_turn_entry(
+                handler, task.id, responses, ground_truth, copy.deepcopy(entry), name, task.id.rsplit("_", 1)[0]
+            )
+    finally:
+        cache = vars(ref.multi_turn_utils)
+        for key in [k for k in cache if k.startswith(name + "_")]:
+            del cache[key]  # BFCL never frees its instance caches
+    return bool(result["valid"]), "" if result["valid"] else result["error"].get("error_type", "")
+
+
+# --- the kit ------------------------------------------------------------------------------------------
+
+
+def kit_verdict(task: Task, script: Script) -> tuple[bool, str]:
+    """(valid, error type) of the same scripted episode through seal_mini's Episode and verifier."""
+    from seal_mini.envs.episode import Episode
+    from seal_mini.envs.verifier import check_episode
+
+    env = Episode(task)
+    env.reset()
+    for k in range(len(task.turns)):
+        if env.done:
+            break
+        sent = 0
+        while True:
+            text = script[k][sent] if sent < len(script[k]) else DONE_TEXT
+            sent += 1
+            if env.step(text).turn_done:
+                break
+    verdict = check_episode(env)
+    return verdict.reward == 1.0, verdict.error_type
+
+
+# --- the battery ----------------------------------------------------------------------------------------
+# A builder gets the task, its ground-truth calls per turn and a seeded rng, and returns a script, or
+# None where the perturbation cannot be made in that task.
+
+
+def _message(calls: list[Call]) -> str:
+    return "\n".join(format_call(n, a) for n, a in calls)
+
+
+def _script(gt: list[list[Call]], turn: int | None = None, messages: list[str] | None = None) -> Script:
+    """The ground truth (each turn's calls in one message), with turn `turn` replaced by `messages`."""
+    out = [[_message(calls)] if calls else [] for calls in gt]
+    if turn is not None:
+        out[turn] = messages
+    return out
+
+
+def _turns_with(gt: list[list[Call]], least: int = 1) -> list[int]:
+    return [k for k, calls in enumerate(gt) if len(calls) >= least]
+
+
+def _edit_call(edit: Callable[[Call, Task, random.Random], Call | None]):
+    """A builder that changes one call of one turn (picked at random among those `edit` can change)."""
+
+    def build(task, gt, rng):
+        options = [(k, i) for k in _turns_with(gt) for i, c in enumerate(gt[k]) if edit(c, task, random.Random(0))]
+        if not options:
+            return None
+        k, i = rng.choice(options)
+        calls = list(gt[k])
+        calls[i] = edit(calls[i], task, rng)
+        return _script(gt, k, [_message(calls)])
+
+    return build
+
+
+def _schema(task: Task, name: str) -> dict:
+    docs = list(task.tools) + [d for ds in task.held_out.values() for d in ds]
+    return next(to_chat_tool(d) for d in docs if d["name"] == name)["function"]["parameters"]
+
+
+def _other_value(value):
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    if isinstance(value, str):
+        return value + "_x"
+    if isinstance(value, list) and value:
+        return value[:-1]
+    return None
+
+
+def _wrong_value(call, task, rng):
+    name, args = call
+    keys = [k for k, v in args.items() if _other_value(v) is not None]
+    if not keys:
+        return None
+    key = rng.choice(keys)
+    return name, {**args, key: _other_value(args[key])}
+
+
+def _wrong_type(call, task, rng):
+    name, args = call
+    if not args:
+        return None
+    key = rng.choice(sorted(args))
+    value = args[key]
+    return name, {**args, key: 404 if isinstance(value, str) else str(value)}
+
+
+def _unknown_argument(call, task, rng):
+    return call[0], {**call[1], "not_a_parameter": 1}
+
+
+def _missing_argument(call, task, rng):
+    name, args = call
+    required = [k for k in _schema(task, name).get("required", []) if k in args]
+    if not required:
+        return None
+    key = rng.choice(required)
+    return name, {k: v for k, v in args.items() if k != key}
+
+
+def _foreign_tool(task: Task, rng: random.Random) -> Call:
+    """A real BFCL tool of a back end the task does not involve (BFCL's eval: name not defined)."""
+    return rng.choice(foreign_tool_names(task)), {"x": 1}
+
+
+def _dropped(task, gt, rng):
+    k = rng.choice(_turns_with(gt))
+    calls = list(gt[k])
+    calls.pop(rng.randrange(len(calls)))
+    return _script(gt, k, [_message(calls)] if calls else [])
+
+
+def _duplicated(task, gt, rng):
+    k = rng.choice(_turns_with(gt))
+    calls = list(gt[k])
+    i = rng.randrange(len(calls))
+    calls.insert(i, calls[i])
+    return _script(gt, k, [_message(calls)])
+
+
+def _swapped(task, gt, rng):
+    turns = _turns_with(gt, 2)
+    if not turns:
+        return None
+    k = rng.choice(turns)
+    calls = list(gt[k])
+    i = rng.randrange(len(calls) - 1)
+    calls[i], calls[i + 1] = calls[i + 1], calls[i]
+    return _script(gt, k, [_message(calls)])
+
+
+def _reordered(task, gt, rng):
+    turns = _turns_with(gt, 2)
+    if not turns:
+        return None
+    k = rng.choice(turns)
+    return _script(gt, k, [_message(list(reversed(gt[k])))])
+
+
+def _stepwise(task, gt, rng):
+    """One call per message, as an agent that reads each result before its next call."""
+    return [[format_call(n, a) for n, a in calls] if len(calls) <= 20 else [_message(calls)] for calls in gt]
+
+
+def _not_offered(task, gt, rng):
+    k = rng.choice(_turns_with(gt))
+    calls = list(gt[k])
+    calls.insert(rng.randrange(len(calls) + 1), _foreign_tool(task, rng))
+    return _script(gt, k, [_message(calls)])
+
+
+def _withheld(before: bool):
+    """miss_func: the held-out tool's reference call one turn before its reveal, or again one turn after."""
+
+    def build(task, gt, rng):
+        for reveal, docs in sorted(task.held_out.items()):
+            names = {d["name"] for d in docs}
+            uses = [c for calls in gt[reveal:] for c in calls if c[0] in names]
+            k = reveal - 1 if before else reveal + 1
+            if uses and 0 <= k < len(gt):
+                return _script(gt, k, [_message(list(gt[k]) + [uses[0]])])
+        return None
+
+    return build
+
+
+def _empty_turn_call(task, gt, rng):
+    """A call on a turn whose ground truth makes none (the task's first reference call, or pwd)."""
+    empty = [k for k, calls in enumerate(gt) if not calls]
+    reads = [c for calls in gt for c in calls]
+    if not empty or not reads:
+        return None
+    call = ("pwd", {}) if "GorillaFileSystem" in task.involved_classes else reads[0]
+    return _script(gt, rng.choice(empty), [_message([call])])
+
+
+def _broken(call: Call) -> str:
+    body = json.dumps({"name": call[0], "arguments": call[1]})
+    return f"<tool_call>\n{body[:-1]}\n</tool_call>"  # the closing brace is missing
+
+
+def _malformed(task, gt, rng):
+    k = rng.choice(_turns_with(gt))
+    blocks = [format_call(n, a) for n, a in gt[k]]
+    i = rng.randrange(len(blocks))
+    blocks[i] = _broken(gt[k][i])
+    return _script(gt, k, ["\n".join(blocks)])
+
+
+def _written(form: str):
+    """A turn's calls written in another form: one_line, fenced_json, fenced_message, as_string, no_arguments."""
+
+    def block(call: Call) -> str:
+        obj = {"name": call[0], "arguments": call[1]}
+        if form == "one_line":
+            return f"<tool_call>{json.dumps(obj)}</tool_call>"
+        if form == "fenced_json":
+            return f"<tool_call>\n```json\n{json.dumps(obj)}\n```\n</tool_call>"
+        if form == "as_string":
+            return f"<tool_call>\n{json.dumps({'name': call[0], 'arguments': json.dumps(call[1])})}\n</tool_call>"
+        if form == "no_arguments":
+            return f"<tool_call>\n{json.dumps({'name': call[0]})}\n</tool_call>"
+        return format_call(*call)
+
+    def build(task, gt, rng):
+        k = rng.choice(_turns_with(gt))
+        text = "\n".join(block(c) for c in gt[k])
+        if form == "fenced_message":
+            text = f"```\n{text}\n```"
+        if form == "with_prose":
+            text = f"Let me do that for you.\n{text}\nThat should be all."
+        if form == "think":  # BFCL's Qwen handler drops everything up to </think>: these calls are never made
+            text = f"<think>\nI will call:\n{text}\n</think>\n\nI have done it."
+        return _script(gt, k, [text])
+
+    return build
+
+
+def _two_in_one_block(task, gt, rng):
+    turns = _turns_with(gt, 2)
+    if not turns:
+        return None
+    k = rng.choice(turns)
+    objs = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in gt[k][:2])
+    rest = [format_call(n, a) for n, a in gt[k][2:]]
+    return _script(gt, k, ["\n".join([f"<tool_call>\n{objs}\n</tool_call>", *rest])])
+
+
+def _repaired(task, gt, rng):
+    """A message whose calls are all broken, then the correct calls: BFCL ends the turn on the first."""
+    k = rng.choice(_turns_with(gt))
+    return _script(gt, k, ["\n".join(_broken(c) for c in gt[k]), _message(gt[k]), DONE_TEXT])
+
+
+def _broken_only_call(task, gt, rng):
+    """A read-only turn whose calls were made at the end of the turn before; in the turn itself the only
+    call has an unknown argument. BFCL runs it (an error), so the turn is not empty and the outputs it
+    needs are already there: it passes."""
+    from seal_mini.core.diagnose import reference
+
+    states = reference(task).states
+    options = [k for k in range(1, len(gt)) if gt[k] and gt[k - 1] and states[k] == states[k - 1]]
+    if not options:
+        return None
+    k = rng.choice(options)
+    script = _script(gt, k - 1, [_message(list(gt[k - 1]) + list(gt[k]))])
+    name, args = gt[k][0]
+    script[k] = [_message([(name, {**args, "not_a_parameter": 1})])]
+    return script
+
+
+def _builtin(task, gt, rng):
+    """A Python builtin as a tool: BFCL's eval calls it (and print(text=...) raises); the kit refuses it."""
+    k = rng.choice(_turns_with(gt))
+    return _script(gt, k, [_message(list(gt[k]) + [("print", {"text": "done"})])])
+
+
+def _non_finite(task, gt, rng):
+    """A number written as 1e999: JSON reads infinity, BFCL writes it as inf, which eval cannot name."""
+    options = [
+        (k, i, key)
+        for k in _turns_with(gt)
+        for i, (_, args) in enumerate(gt[k])
+        for key, v in args.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
+    if not options:
+        return None
+    k, i, key = rng.choice(options)
+    blocks = [format_call(n, a) for n, a in gt[k]]
+    blocks[i] = format_call(gt[k][i][0], {**gt[k][i][1], key: 10**400}).replace("1" + "0" * 400, "1e999")
+    return _script(gt, k, ["\n".join(blocks)])
+
+
+def _step_limit(last: bool):
+    """A turn's calls, then 20 more tool-calling messages (an unknown tool): BFCL force-quits the entry,
+    which fails it unless this was its last turn."""
+
+    def build(task, gt, rng):
+        k = len(gt) - 1 if last else rng.randrange(len(gt) - 1) if len(gt) > 1 else None
+        if k is None:
+            return None
+        noise = [format_call("no_such_tool", {"attempt": i}) for i in range(20)]
+        return _script(gt, k, ([_message(gt[k])] if gt[k] else [noise[0]]) + noise)
+
+    return build
+
+
+PERTURBATIONS: dict[str, Callable] = {
+    "ground_truth": lambda task, gt, rng: _script(gt),
+    "ground_truth_stepwise": _stepwise,
+    "dropped_call": _dropped,
+    "duplicated_call": _duplicated,
+    "swapped_calls": _swapped,
+    "reordered_calls": _reordered,
+    "wrong_value": _edit_call(_wrong_value),
+    "unknown_argument": _edit_call(_unknown_argument),
+    "missing_argument": _edit_call(_missing_argument),
+    "wrong_type": _edit_call(_wrong_type),
+    "tool_not_offered": _not_offered,
+    "withheld_before_reveal": _withheld(before=True),
+    "withheld_after_reveal": _withheld(before=False),
+    "call_on_empty_turn": _empty_turn_call,
+    "malformed_json": _malformed,
+    "one_line_tags": _written("one_line"),
+    "fenced_json": _written("fenced_json"),
+    "fenced_message": _written("fenced_message"),
+    "two_objects_one_block": _two_in_one_block,
+    "parse_error_then_repair": _repaired,
+    "arguments_as_string": _written("as_string"),
+    "no_arguments_key": _written("no_arguments"),
+    "prose_around_calls": _written("with_prose"),
+    "think_block": _written("think"),
+    "broken_only_call": _broken_only_call,
+    "python_builtin": _builtin,
+    "non_finite_number": _non_finite,
+    "step_limit_before_last_turn": _step_limit(last=False),
+    "step_limit_in_last_turn": _step_limit(last=True),
+}
+CI_KINDS = (
+    "ground_truth",
+    "dropped_call",
+    "wrong_value",
+    "call_on_empty_turn",  # BFCL never runs its irrelevance checker on multi-turn entries
+    "withheld_before_reveal",  # BFCL runs any public method, offered or not
+    "broken_only_call",  # BFCL runs and scores calls that break the schema
+    "one_line_tags",  # BFCL's decoder wants the tags on lines of their own
+    "parse_error_then_repair",  # BFCL ends the turn on a message it cannot decode
+    "step_limit_in_last_turn",  # a force quit fails an entry only if a turn is left unplayed
+)
+"""The kinds the test suite plays over all 800 tasks (the command plays all of them)."""
+
+
+@dataclass
+class Tally:
+    episodes: int = 0
+    agree: int = 0
+    kit_passed: int = 0
+    bfcl_passed: int = 0
+    disagreements: list = field(default_factory=list)
+
+
+def run_differential(kinds=tuple(PERTURBATIONS), categories=CATEGORIES, limit: int = 0, seed: int = 0) -> dict:
+    """Per kind: episodes, agreements, passes on each side and the first disagreements."""
+    unknown = [k for k in kinds if k not in PERTURBATIONS]
+    if unknown:
+        raise ValueError(f"unknown perturbation kinds {unknown}; known: {list(PERTURBATIONS)}")
+    start = time.perf_counter()
+    tallies = {kind: Tally() for kind in kinds}
+    for task in load_tasks(categories):
+        if limit and task.index >= limit:
+            continue
+        gt = ground_truth_turns(task)
+        for kind in kinds:
+            script = PERTURBATIONS[kind](task, gt, random.Random(f"{seed}:{task.id}:{kind}"))
+            if script is None:
+                continue
+            kit, bfcl = kit_verdict(task, script), bfcl_verdict(task, script)
+            t = tallies[kind]
+            t.episodes += 1
+            t.agree += kit[0] == bfcl[0]
+            t.kit_passed += kit[0]
+            t.bfcl_passed += bfcl[0]
+            if kit[0] != bfcl[0] and len(t.disagreements) < 5:
+                t.disagreements.append(f"{task.id}: kit {kit}, BFCL {bfcl}")
+    out = {kind: vars(t) for kind, t in tallies.items()}
+    return {"kinds": out, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def print_report(result: dict) -> None:
+    print(f"{'perturbation':<30} {'episodes':>8} {'agree':>7} {'kit pass':>9} {'BFCL pass':>10}")
+    for kind, t in result["kinds"].items():
+        print(f"{kind:<30} {t['episodes']:>8} {t['agree']:>7} {t['kit_passed']:>9} {t['bfcl_passed']:>10}")
+        for line in t["disagreements"]:
+            print(f"    disagree: {line}")
+    total = sum(t["episodes"] for t in result["kinds"].values())
+    agree = sum(t["agree"] for t in result["kinds"].values())
+    print(f"{'all':<30} {total:>8} {agree:>7}   ({result['seconds']} s)")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m seal_mini oracle --differential", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--kinds", nargs="+", default=list(PERTURBATIONS), help="perturbation kinds (default: all)")
+    parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
+    parser.add_argument("--limit", type=int, default=0, help="only task indices below this in each category")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    result = run_differential(args.kinds, args.categories, args.limit, args.seed)
+    print_report(result)
+    print(json.dumps(result))
+    return 0 if all(t["agree"] == t["episodes"] for t in result["kinds"].values()) else 1

@@ -1,0 +1,67 @@
+"""Scripted policies built from the ground truth, replayed through seal_mini's own environment.
+
+`python -m seal_mini oracle` runs three of them over all 800 tasks: the ground truth (must pass
+800/800), an empty policy (0/800), and the ground truth without the last call of each turn (0/800).
+That shows the environment and the verifier agree with the benchmark before any model is involved.
+`oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py).
+`python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
+perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
+agree on every one (seal_mini.programs.differential).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from seal_mini.config import CATEGORIES
+from seal_mini.envs.bfcl import Task, load_tasks
+from seal_mini.envs.scripted import POLICIES, replay
+
+
+def run_oracle(categories=CATEGORIES, limit: int = 0, tasks: list[Task] | None = None) -> dict:
+    """Pass counts per policy and category (BFCL V3's tasks, or the ones given)."""
+    start = time.perf_counter()
+    if tasks is None:
+        tasks = load_tasks(categories)
+        if limit:
+            tasks = [t for t in tasks if t.index < limit]
+    out: dict = {}
+    for policy, make_turns in POLICIES.items():
+        counts = {c: {"passed": 0, "total": 0} for c in categories}
+        for task in tasks:
+            _, reward = replay(task, make_turns(task))
+            counts[task.category]["passed"] += int(reward)
+            counts[task.category]["total"] += 1
+        out[policy] = counts
+    out["seconds"] = round(time.perf_counter() - start, 2)
+    return out
+
+
+def practice_tasks(seed: int = 0) -> list[Task]:
+    """The practice sets of the default sizes (training and held-in), as a practice recipe draws them."""
+    from seal_mini.config import DataConfig
+    from seal_mini.envs import practice
+
+    d = DataConfig(source="practice", split_seed=seed)
+    split = practice.make_split(seed, d.train_per_category, d.heldin_per_category, CATEGORIES)
+    return [practice.task(i) for i in split["train"] + split["eval"]]
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--differential"]:
+        from seal_mini.programs import differential
+
+        return differential.main(argv[1:])
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m seal_mini oracle", description=__doc__.split("\n")[0])
+    parser.add_argument("--practice", action="store_true", help="the practice sets (training and held-in) instead")
+    parser.add_argument("--seed", type=int, default=0, help="with --practice: the sets' seed (data.split_seed)")
+    args = parser.parse_args(argv)
+    result = run_oracle(tasks=practice_tasks(args.seed) if args.practice else None)
+    for policy in POLICIES:
+        row = ", ".join(f"{c} {v['passed']}/{v['total']}" for c, v in result[policy].items())
+        print(f"{policy:>15}: {row}")
+    print(json.dumps(result))
+    return 0

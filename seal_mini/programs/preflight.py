@@ -1,0 +1,466 @@
+"""`python -m seal_mini preflight RECIPE [k=v ...] [--gpu-mem-gb N]`: will a recipe fit, and how long will it take?
+
+No download. The recipe's architecture (the shapes of the models the recipes name, or model.name's own
+config.json when it is a local folder) is built with random weights, saved to a temporary folder and
+loaded by `load_policy`, so it is quantized and wrapped with LoRA exactly as training loads it: the same
+memory and the same speed, with meaningless outputs. Then it runs the kit's own code:
+  1. rollouts: one wave of synthetic episodes through `run_rollouts` at the recipe's lengths: prompts of
+     3.7-4.9k tokens (BFCL's median to longest with the Qwen2.5 tokenizer), messages of max_new_tokens
+     (sampling is kept off the stop tokens), short tool results; one group of G episodes is answered with
+     long tool results until it reaches max_total_tokens, as long_context tasks do;
+  2. update: one micro-batch through the real `update` (reference pass, forward, backward, optimizer
+     step) at a typical length and at max_total_tokens.
+It prints, per phase, peak allocated and reserved GPU memory, slots, prefill and decode tokens/s and
+update tokens/s, then the projected time of a step, of the run and of the held-in evaluation. The last
+line is one JSON object. Exit code 1, naming the setting to lower, when the recipe does not fit: an
+out-of-memory error at the recipe's own settings (training would survive it by shrinking, more slowly),
+or one even at the smallest settings.
+
+`--gpu-mem-gb N` caps the process at N GB (a per-process memory fraction; the automatic KV budget counts
+within it), so a larger card stands in for a 16 or 24 GB one. On CPU it runs at a shrunk scale (2 layers,
+lengths / 16): a check of the plumbing, not of the recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from seal_mini.config import Config, ConfigError, load_config
+
+# The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
+# fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
+_QWEN = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 32768}
+_LLAMA31_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+KNOWN_SHAPES = {
+    "Qwen/Qwen2.5-3B-Instruct": {
+        **_QWEN,
+        "hidden_size": 2048,
+        "intermediate_size": 11008,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen2.5-7B-Instruct": {
+        **_QWEN,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
+    "Team-ACE/ToolACE-2-Llama-3.1-8B": _LLAMA31_8B,
+}
+
+# Token counts of a BFCL V3 episode with the Qwen2.5 tokenizer (see GPU budget notes in the README).
+PROMPT_TOKENS = (3700, 4900)
+"""Median and longest first prompt (system, ~28 tools, first user turn)."""
+RESULT_TOKENS = 150
+"""A typical tool result (base / miss_* categories: a few hundred characters)."""
+LONG_RESULT_TOKENS = 2000
+"""A long_context tool result (up to 70k characters)."""
+TYPICAL_CALLS = 3
+"""Model calls of a typical synthetic episode."""
+CPU_SHRINK = 16
+"""On CPU every length is divided by this, and the model keeps 2 layers of a small width."""
+
+
+# --- the model: the recipe's architecture with random weights ----------------------------------------
+
+
+def architecture(cfg: Config, shrink: bool) -> dict:
+    """config.json contents for the recipe's model: known shapes, or the local folder's own config."""
+    name = cfg.model.name
+    folder = Path(name) / "config.json"
+    if folder.is_file():
+        shape = json.loads(folder.read_text())
+    elif name in KNOWN_SHAPES:
+        shape = dict(KNOWN_SHAPES[name])
+    else:
+        raise ConfigError(
+            f"model.name: preflight knows the shapes of {sorted(KNOWN_SHAPES)}; for {name!r} set model.name to a "
+            "local folder holding its config.json (weights are not needed)"
+        )
+    shape.pop("quantization_config", None)  # the recipe decides the quantization, as in training
+    if shrink:
+        heads = 4
+        kv_heads = 2 if shape.get("num_key_value_heads", heads) < shape.get("num_attention_heads", heads) else heads
+        shape.update(
+            num_hidden_layers=2,
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=32,
+        )
+    return shape
+
+
+def write_random_model(shape: dict, folder: Path, tokenizer, device: torch.device) -> int:
+    """Save a model of this shape with random weights (normal(0, 0.02), norms 1, biases 0) and the
+    tokenizer into folder, in shards; returns the parameter count."""
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    shape = {
+        k: v for k, v in shape.items() if k not in ("architectures", "torch_dtype", "dtype", "transformers_version")
+    }
+    config = AutoConfig.for_model(**shape)
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.eos_token_id
+    config.bos_token_id = None
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)  # names and shapes only, no memory
+    config.architectures = [type(skeleton).__name__]
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    names = [(n, p.shape) for n, p in skeleton.state_dict().items() if n not in tied]
+    generator = torch.Generator(device=device).manual_seed(0)
+    shards, shard, shard_bytes, index, count = [], {}, 0, {}, 0
+    for name, size in names:
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(size, dtype=torch.bfloat16)
+        elif name.endswith(".bias"):
+            tensor = torch.zeros(size, dtype=torch.bfloat16)
+        else:  # drawn on the GPU when there is one: an 8B model's 16 GB come in seconds
+            tensor = (torch.randn(size, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+        count += tensor.numel()
+        shard[name], shard_bytes = tensor, shard_bytes + tensor.numel() * 2
+        if shard_bytes > 2 * 2**30:
+            shards.append(shard)
+            shard, shard_bytes = {}, 0
+    shards.append(shard)
+    for i, tensors in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(folder / file), metadata={"format": "pt"})
+        index.update(dict.fromkeys(tensors, file))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
+    config.save_pretrained(folder)
+    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return count
+
+
+# --- synthetic episodes -----------------------------------------------------------------------------
+
+
+class SyntheticEpisode:
+    """An episode of set lengths: a prompt, then every model message answered by the same tool result,
+    `calls` times. What the model writes is ignored."""
+
+    def __init__(self, task_id: str, prompt: str, result: str, calls: int):
+        self.task = SimpleNamespace(id=task_id)
+        self.prompt, self.result, self.calls = prompt, result, calls
+        self.done, self.made = False, 0
+
+    def reset(self) -> tuple[list[dict], list[dict]]:
+        self.done, self.made = False, 0
+        return [{"role": "system", "content": self.prompt}, {"role": "user", "content": "Please help."}], []
+
+    def step(self, text: str):
+        self.made += 1
+        self.done = self.made >= self.calls
+        observation = [] if self.done else [{"role": "tool", "content": self.result}]
+        return SimpleNamespace(observation=observation, turn_done=self.done, done=self.done)
+
+    def truncate(self) -> None:
+        self.done = True
+
+
+class _Filler:
+    """Texts of a given number of tokens, cut from BFCL's tool documentation."""
+
+    def __init__(self, renderer):
+        from seal_mini.envs.bfcl import load_tasks, tool_docs
+
+        classes = sorted({c for t in load_tasks() for c in t.involved_classes})
+        text = "\n".join(json.dumps(doc) for c in classes for doc in tool_docs(c))
+        self.renderer, self.ids = renderer, renderer.encode(text)
+
+    def text(self, tokens: int, offset: int = 0) -> str:
+        ids = (self.ids * (1 + (offset + tokens) // len(self.ids)))[offset : offset + tokens]
+        return self.renderer.decode(ids)
+
+
+def _plain_tokens(policy) -> torch.Tensor:
+    """(V,) True for ids that decode to plain text (letters, digits, spaces), the only ones the synthetic
+    episodes sample: no stop token (messages run to max_new_tokens), nothing a template could trip on."""
+    vocab = _causal_lm(policy.model).config.vocab_size
+    plain = torch.zeros(vocab, dtype=torch.bool)
+    for i in range(min(vocab, len(policy.tokenizer))):
+        text = policy.renderer.decode([i])
+        plain[i] = bool(text.strip()) and all(c.isascii() and (c.isalnum() or c == " ") for c in text)
+    return plain.to(policy.device)
+
+
+def _causal_lm(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def synthetic_wave(cfg: Config, filler: _Filler, episodes: int, shrink: int = 1) -> list[SyntheticEpisode]:
+    """`episodes` episodes in groups of G (a shared prompt per group); the first group grows to
+    max_total_tokens with long tool results, the others end after a few calls with short ones. Every
+    length is divided by `shrink`."""
+    r, G = cfg.rollout, cfg.rollout.group_size
+    low, high = (n // shrink for n in PROMPT_TOKENS)
+    groups = max(1, math.ceil(episodes / G))
+    envs = []
+    for g in range(groups):
+        prompt_tokens = min(low + (high - low) * g // max(groups - 1, 1), r.max_prompt_tokens - 64)
+        prompt = filler.text(prompt_tokens, offset=997 * g)
+        long = g == 0
+        result = filler.text((LONG_RESULT_TOKENS if long else RESULT_TOKENS) // shrink, offset=31 * g)
+        calls = 10**6 if long else TYPICAL_CALLS
+        envs += [SyntheticEpisode(f"synthetic_{g}", prompt, result, calls) for _ in range(G)]
+    return envs
+
+
+# --- measuring ----------------------------------------------------------------------------------------
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> dict:
+    """Peak GPU memory since the last reset (GB), or the process's peak resident memory on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return {
+            "peak_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+            "peak_reserved_gb": round(torch.cuda.max_memory_reserved(device) / 2**30, 2),
+        }
+    return {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+
+
+def _memory_text(m: dict) -> str:
+    if "peak_allocated_gb" in m:
+        return f"peak allocated {m['peak_allocated_gb']:.2f} GB, reserved {m['peak_reserved_gb']:.2f} GB"
+    return f"peak resident {m['peak_rss_gb']:.2f} GB (CPU: no GPU memory)"
+
+
+def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[dict, list]:
+    """One wave of synthetic episodes: as many as the slots hold, in whole groups (at least two: one long,
+    one typical; just those two at a shrunk scale)."""
+    from seal_mini.engine.rollout import RolloutStats, concurrency, run_rollouts
+
+    G = cfg.rollout.group_size
+    slots = concurrency(policy, cfg.rollout, cfg.train.tasks_per_step * G)
+    episodes = 2 * G if shrink > 1 else max(2 * G, math.ceil(slots / G) * G)
+    envs = synthetic_wave(cfg, filler, episodes, shrink)
+    plain = _plain_tokens(policy)
+    hook = lambda rows, so_far, logits: logits.masked_fill(~plain, float("-inf"))  # noqa: E731
+    stats = RolloutStats()
+    _reset_peak(policy.device)
+    started = time.perf_counter()
+    trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, cfg.seed, stats=stats, logits_hook=hook)
+    seconds = time.perf_counter() - started
+    s = stats.summary()
+    return {
+        "episodes": len(envs),
+        "groups": len(envs) // G,
+        "slots": stats.concurrency,
+        "kv_cache_gb": round(stats.kv_cache_bytes / 2**30, 2),
+        "out_of_memory": stats.out_of_memory,
+        "seconds": round(seconds, 1),
+        "prefill_tok_per_s": s["prefill_tokens_per_s"],
+        "decode_tok_per_s": s["decode_tokens_per_s"],
+        "longest_tokens": max(len(t.input_ids) for t in trajs),
+        "typical_tokens": round(sum(len(t.input_ids) for t in trajs[G:]) / len(trajs[G:])),
+        **_peak(policy.device),
+    }, trajs
+
+
+def update_phase(policy, cfg: Config, trajectory) -> dict:
+    """One micro-batch of copies of `trajectory` through the real update (one optimizer step)."""
+    from seal_mini.training.train import update
+
+    micro = cfg.train.micro_batch
+    one = copy.deepcopy(cfg)
+    one.train.mini_batch_tasks, one.rollout.group_size = 1, micro  # one mini-batch = one micro-batch
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    advantages = torch.tensor([1.0, -1.0] * micro)[:micro]  # non-zero, so gradients flow
+    _reset_peak(policy.device)
+    started = time.perf_counter()
+    update(policy, optimizer, scheduler, [trajectory] * micro, advantages, one)
+    if policy.device.type == "cuda":
+        torch.cuda.synchronize(policy.device)
+    seconds = time.perf_counter() - started
+    tokens = micro * len(trajectory.input_ids)
+    del optimizer, scheduler
+    return {"sequences": micro, "tokens": tokens, "tok_per_s": round(tokens / seconds, 1), **_peak(policy.device)}
+
+
+def projection(cfg: Config, rollout: dict, typical: dict) -> dict:
+    """Hours for a step, the run and the held-in evaluation, from the measured rates. Synthetic messages
+    run to max_new_tokens, so the rollout part leans long."""
+    G, B = cfg.rollout.group_size, cfg.train.tasks_per_step
+    per_episode = rollout["seconds"] / rollout["episodes"]  # seconds of a wave per episode in it
+    rollout_s = B * G * per_episode
+    update_s = B * G * rollout["typical_tokens"] / typical["tok_per_s"]
+    eval_tasks = cfg.data.max_eval_tasks or 400
+    steps, every = cfg.train.steps, cfg.train.eval_every
+    during = len([s for s in range(1, steps) if every and s % every == 0])
+    eval_episodes = eval_tasks * (during + 1 + int(cfg.eval.base_model))  # during training, adapter, backbone
+    eval_s = eval_episodes * per_episode
+    return {
+        "step_min": round((rollout_s + update_s) / 60, 1),
+        "step_rollout_min": round(rollout_s / 60, 1),
+        "step_update_min": round(update_s / 60, 1),
+        "eval_episodes": eval_episodes,
+        "eval_h": round(eval_s / 3600, 2),
+        "run_h": round((steps * (rollout_s + update_s) + eval_s) / 3600, 1),
+    }
+
+
+# --- the program ------------------------------------------------------------------------------------
+
+
+def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
+    """Run the phases; returns (result, what does not fit: one line per setting to lower)."""
+    from seal_mini.engine.device import cap_memory, resolve_device
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.engine.tiny import tiny_tokenizer
+
+    device = resolve_device(cfg.device)
+    if gpu_mem_gb:
+        cap_memory(gpu_mem_gb, device)
+    shrink = CPU_SHRINK if device.type == "cpu" else 1
+    shape = architecture(cfg, shrink > 1)
+    result: dict = {"recipe_model": cfg.model.name, "device": str(device), "gpu_mem_gb": gpu_mem_gb or None}
+    if shrink > 1:
+        r = cfg.rollout
+        for name in (
+            "max_new_tokens",
+            "max_prompt_tokens",
+            "max_response_tokens",
+            "max_total_tokens",
+            "prefill_tokens",
+        ):
+            setattr(r, name, getattr(r, name) // shrink)
+        cfg.validate()
+        print(f"[preflight] CPU: shrunk scale (2 layers, lengths / {shrink}): this checks the plumbing, not the recipe")
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="seal_mini_preflight_") as folder:
+        params = write_random_model(shape, Path(folder), tiny_tokenizer(), device)
+        loaded = copy.deepcopy(cfg)
+        loaded.model.name, loaded.model.gguf_file, loaded.lora.adapter_path = folder, "", ""
+        _reset_peak(device)
+        try:
+            policy = load_policy(loaded)
+        except torch.OutOfMemoryError:
+            problems.append(
+                "model: the weights alone do not fit; use model.load_in_4bit=true, a smaller model, or a larger card"
+            )
+            return {**result, "fits": False}, problems
+    result["parameters_b"] = round(params / 1e9, 2)
+    result["load"] = _peak(device)
+    print(
+        f"[preflight] {cfg.model.name}: {params / 1e9:.2f}B parameters (random weights); load: {_memory_text(result['load'])}"
+    )
+
+    try:
+        filler = _Filler(policy.renderer)
+        before = asdict(policy.limits)
+        result["rollout"], trajs = rollout_phase(policy, cfg, filler, shrink)
+        r = result["rollout"]
+        print(
+            f"[preflight] rollouts: {r['episodes']} episodes ({r['groups']} groups, one growing to "
+            f"{r['longest_tokens']} tokens) in {r['seconds']:.1f} s; {r['slots']} slots (KV {r['kv_cache_gb']:.2f} GB); "
+            f"prefill {r['prefill_tok_per_s']:.0f} tok/s, decode {r['decode_tok_per_s']:.0f} tok/s; {_memory_text(r)}"
+        )
+        if (
+            policy.limits.max_concurrent != before["max_concurrent"]
+            or policy.limits.prefill_tokens != before["prefill_tokens"]
+        ):
+            problems.append(_rollout_advice(cfg, policy.limits))
+        G = cfg.rollout.group_size
+        typical = min(trajs[G:], key=lambda t: abs(len(t.input_ids) - r["typical_tokens"]))
+        longest = max(trajs, key=lambda t: len(t.input_ids))
+        before = asdict(policy.limits)
+        result["update_typical"] = update_phase(policy, cfg, typical)
+        result["update_max"] = update_phase(policy, cfg, longest)
+        for name in ("update_typical", "update_max"):
+            u = result[name]
+            print(
+                f"[preflight] {name.replace('_', ' ')}: {u['sequences']} x {u['tokens'] // u['sequences']} tokens, "
+                f"{u['tok_per_s']:.0f} tok/s; {_memory_text(u)}"
+            )
+        if asdict(policy.limits) != before:
+            problems.append(
+                f"train.micro_batch / train.logprob_chunk: the update ran out of memory at the recipe's setting; "
+                f"it fit at train.micro_batch={policy.limits.micro_batch or cfg.train.micro_batch} "
+                f"train.logprob_chunk={policy.limits.logprob_chunk or cfg.train.logprob_chunk}"
+            )
+    except ConfigError as e:  # out of memory even at the smallest settings
+        problems.append(str(e))
+        return {**result, "fits": False}, problems
+    result["projection"] = p = projection(cfg, result["rollout"], result["update_typical"])
+    print(
+        f"[preflight] projected: a step {p['step_min']:.0f} min (rollouts {p['step_rollout_min']:.0f}, update "
+        f"{p['step_update_min']:.0f}); {cfg.train.steps} steps and the held-in evaluation ({p['eval_episodes']} "
+        f"episodes, {p['eval_h']:.1f} h): {p['run_h']:.1f} h"
+    )
+    result["fits"] = not problems
+    return result, problems
+
+
+def _rollout_advice(cfg: Config, limits) -> str:
+    setting = f"rollout.max_concurrent={limits.max_concurrent}" if limits.max_concurrent else ""
+    if limits.prefill_tokens:
+        setting = f"{setting} rollout.prefill_tokens={limits.prefill_tokens}".strip()
+    source = "rollout.kv_budget_gb" if cfg.rollout.kv_budget_gb else "the automatic KV budget (rollout.kv_budget_gb=0)"
+    return f"rollout: a wave ran out of memory with the slots {source} gives; it fit with {setting}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini preflight", description=__doc__.splitlines()[0])
+    parser.add_argument("recipe", help="recipes/X.yaml")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--gpu-mem-gb", type=float, default=0.0, help="use at most this much GPU memory")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.recipe, args.overrides)
+    result, problems = preflight(cfg, args.gpu_mem_gb)
+    for line in problems:
+        print(f"[preflight] does not fit: {line}", file=sys.stderr)
+    if not problems:
+        print("[preflight] fits")
+    print(json.dumps({**result, "problems": problems}))
+    return 1 if problems else 0

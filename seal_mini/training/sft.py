@@ -1,0 +1,338 @@
+"""Supervised fine-tuning: the warm start that RL begins from. `python -m seal_mini sft RECIPE`.
+
+Demonstrations are episodes of the training tasks played through the real environment: the ground truth,
+one call per message (an agent reads each result before its next call), then a short final answer;
+turns whose ground truth makes no call get a short reply instead (ask for the missing value, say the
+tool is missing). A controlled share of the turns carries a fault instead (sft.faults: kind -> share),
+built by the same fault builders `diagnose-check` proves the diagnoser on, so the warm start fails in
+ways the diagnoser names. Every demonstration is diagnosed, and the label counts are saved with it.
+A share of the demonstrations (sft.cue_share) is played through the training interface in a random
+state, so the model has seen the texts the interface may add before RL switches them on.
+
+Token path. A demonstration's tokens are laid down the way the rollout engine lays down an episode:
+the chat template's prompt, each assistant message as its tokens plus the end-of-turn token (loss on
+these: what the model must learn to sample), then whatever the template puts next (tool results, the
+next user turn, the next generation prompt; no loss). So the masks and templates are the ones RL uses.
+
+The loss is the mean negative log-likelihood of the assistant tokens (seal_mini.engine.logprobs: the LM head
+only runs where the mask is 1). A model built from scratch trains all its weights (sft.full); a
+pretrained one can train a LoRA adapter that is merged in at the end. The warm start is saved as a
+plain model folder with its tokenizer in <run_dir>/warm_start, with identity.json (what built it) and
+sft.json (its numbers); a run whose identical warm start already exists there, or in a sibling run
+directory, reuses it. An interrupted build starts over (it takes minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
+from seal_mini.core.diagnose import diagnose
+from seal_mini.core.faults import BUILDERS, plan, turn_messages
+from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState
+from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.policy import WARM_START, warm_start_dir
+from seal_mini.envs.bfcl import Task
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import DONE_TEXT
+from seal_mini.envs.splits import load_split, pick
+from seal_mini.envs.toolcalls import format_call
+from seal_mini.runio import new_dir, read_json, run_lock, write_json
+
+assert set(FAULT_KINDS) <= set(BUILDERS), "config.FAULT_KINDS must be fault kinds diagnose_check builds"
+
+ABSTAIN_TEXT = "I need more details or another tool to do that."
+"""The demonstrations' reply on a turn whose ground truth makes no call."""
+FORMAT = 2
+"""Version of how demonstrations are made; part of a warm start's identity (bump it when they change)."""
+
+
+# --- demonstrations ---------------------------------------------------------------------------------
+
+
+def demo_turns(task: Task, faults: dict[str, float], rng: random.Random) -> tuple[list[list[str]], list[str]]:
+    """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
+    except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order)."""
+    p = plan(task)
+    messages, kinds = [], []
+    for turn, calls in enumerate(p):
+        blocks, kind = [format_call(c.name, c.arguments) for c in calls], ""
+        for candidate, share in faults.items():
+            built = BUILDERS[candidate](task, p, turn, rng)
+            if built is not None and rng.random() < share:
+                blocks, kind = built[0], candidate
+                break
+        final = DONE_TEXT if calls or blocks else ABSTAIN_TEXT
+        messages.append(turn_messages(blocks, final=final))
+        kinds.append(kind)
+    return messages, kinds
+
+
+@dataclass
+class Demonstration:
+    task_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on the assistant's tokens (what the model must learn to produce), 0 elsewhere."""
+    faults: list[str]
+    """Fault kind per turn ("" = the ground truth)."""
+    labels: list[str]
+    """The diagnoser's label per turn."""
+    cues: bool = False
+    """Played through the training interface with some cues on."""
+
+
+def random_cues(rng: random.Random, top_k: int) -> InterfaceState:
+    """An interface state as the training loop may switch on: each component on with probability one half,
+    a random handful (up to top_k) of the guidelines in random order."""
+    guidelines = rng.sample(sorted(GUIDELINES), rng.randint(0, min(top_k, len(GUIDELINES))))
+    on = [rng.random() < 0.5 for _ in range(3)]
+    return InterfaceState(schema_cues=on[0], error_feedback=on[1], parse_retry=on[2], guidelines=guidelines)
+
+
+def demonstrate(
+    task: Task, turns: list[list[str]], renderer, max_calls_per_turn: int = 20, cues: InterfaceState | None = None
+) -> tuple:
+    """Play scripted assistant messages through a fresh episode (seen through the training interface in
+    state `cues`, if given), laying down tokens as the rollout engine does. Returns (episode, input_ids,
+    loss_mask, conversation)."""
+    episode = Episode(task, max_calls_per_turn)
+    env = Interface(episode, cues) if cues is not None and cues.active else episode
+    messages, tools = env.reset()
+    conversation = [dict(m) for m in messages]
+    ids = renderer.prompt_ids(messages, tools)
+    mask = [0] * len(ids)
+    for texts in turns:
+        for text in texts:
+            sampled = renderer.encode(text) + [renderer.end_of_turn_id]
+            ids, mask = ids + sampled, mask + [1] * len(sampled)
+            conversation.append({"role": "assistant", "content": text})
+            result = env.step(text)
+            new, _ = renderer.continuation(ids, conversation, result.observation, tools, not result.done)
+            ids, mask = ids + new, mask + [0] * len(new)
+            conversation += [dict(m) for m in result.observation]
+            if result.turn_done:  # a message without a call ends the turn (so may a broken call)
+                break
+        if episode.done:
+            break
+    return episode, ids, mask, conversation
+
+
+def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list[Demonstration], dict]:
+    """sft.demos_per_task demonstrations per task, each with its own seeded fault draws; and their counts."""
+    out, skipped = [], 0
+    limit = cfg.sft.max_tokens or cfg.rollout.max_total_tokens
+    for k in range(cfg.sft.demos_per_task):
+        for task in tasks:
+            rng = random.Random(f"sft:{cfg.seed}:{task.id}:{k}")
+            turns, kinds = demo_turns(task, cfg.sft.faults, rng)
+            cues = random_cues(rng, cfg.interface.top_k) if rng.random() < cfg.sft.cue_share else None
+            env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
+            if len(ids) > limit:
+                skipped += 1
+                continue
+            out.append(Demonstration(task.id, ids, mask, kinds, diagnose(env), cues is not None and cues.active))
+    stats = {
+        "demonstrations": len(out),
+        "left_out_too_long": skipped,
+        "with_a_fault": sum(any(d.faults) for d in out),
+        "with_cues": sum(d.cues for d in out),
+        "turns": sum(len(d.faults) for d in out),
+        "faulted_turns": dict(Counter(k for d in out for k in d.faults if k)),
+        "labels": dict(Counter(z for d in out for z in d.labels)),
+        "tokens": sum(len(d.input_ids) for d in out),
+        "assistant_tokens": sum(sum(d.loss_mask) for d in out),
+    }
+    return out, stats
+
+
+# --- the model ---------------------------------------------------------------------------------------
+
+
+def sft_loss(model, demos: list[Demonstration], device, chunk: int) -> tuple[torch.Tensor, dict]:
+    """Mean negative log-likelihood of the assistant tokens of a batch (right-padded)."""
+    length = max(len(d.input_ids) for d in demos)
+    ids = torch.zeros(len(demos), length, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros(len(demos), length)
+    for i, d in enumerate(demos):
+        ids[i, : len(d.input_ids)] = torch.tensor(d.input_ids)
+        attention[i, : len(d.input_ids)] = 1
+        mask[i, : len(d.input_ids)] = torch.tensor(d.loss_mask, dtype=torch.float32)
+    ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
+    logp = token_logprobs(model, ids, attention, mask, chunk)  # (B, T), 0 where mask is 0
+    n = mask.sum()
+    loss = -(logp * mask).sum() / n
+    return loss, {"sft/loss": float(loss.detach()), "sft/tokens": float(n)}
+
+
+def _schedule(step: int, total: int, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth of the peak."""
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    progress = (step - warmup) / max(total - warmup, 1)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def epoch_batches(lengths: list[int], batch: int, rng: random.Random) -> list[list[int]]:
+    """One epoch: every index once, in batches of similar length (less padding), in random order.
+    Shuffled, cut into pools of 8 batches, each pool sorted by length and cut into batches."""
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    batches = []
+    for start in range(0, len(order), 8 * batch):
+        pool = sorted(order[start : start + 8 * batch], key=lambda i: lengths[i])
+        batches += [pool[k : k + batch] for k in range(0, len(pool), batch)]
+    rng.shuffle(batches)
+    return batches
+
+
+def train_model(model, demos: list[Demonstration], cfg: Config, device) -> list[dict]:
+    """sft.epochs passes over the demonstrations, shuffled per epoch with the run seed; returns the log."""
+    sc = cfg.sft
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=sc.lr, weight_decay=sc.weight_decay)
+    lengths = [len(d.input_ids) for d in demos]
+    per_epoch = math.ceil(len(demos) / sc.batch)
+    total = max(1, round(sc.epochs * per_epoch))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _schedule(s, total, sc.warmup_steps))
+    batches: list[list[int]] = []
+    log = []
+    model.train()
+    started = time.perf_counter()
+    for step in range(total):
+        if not batches:  # a new epoch, in its own seeded order
+            batches = epoch_batches(lengths, sc.batch, random.Random(f"sft-order:{cfg.seed}:{step // per_epoch}"))
+        batch = [demos[i] for i in batches.pop()]
+        loss, metrics = sft_loss(model, batch, device, cfg.train.logprob_chunk)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        log.append({"step": step, **metrics, "sft/grad_norm": float(grad_norm), "sft/lr": scheduler.get_last_lr()[0]})
+        if step % 10 == 0 or step == total - 1:
+            elapsed = time.perf_counter() - started
+            print(f"[sft] step {step + 1}/{total}: loss {metrics['sft/loss']:.4f} ({elapsed:.0f}s)", flush=True)
+    model.eval()
+    return log
+
+
+def _merged(model, cfg: Config):
+    """The trained weights as one plain model: the LoRA adapter merged into its base."""
+    if not cfg.sft.full:
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model.get_base_model(), "is_loaded_in_4bit", False):
+            raise ConfigError(
+                "sft.full=false with a 4-bit base: the adapter cannot be merged into quantized weights here; "
+                "set model.load_in_4bit=false for the sft stage"
+            )
+        model = model.merge_and_unload()
+    return model
+
+
+# --- the stage ---------------------------------------------------------------------------------------
+
+
+def demonstrated_tasks(cfg: Config) -> list[Task]:
+    """The tasks the warm start learns from: the training split, or (practice, sft.tasks_per_category) a
+    larger pool of generated training-side tasks that starts with it."""
+    if cfg.data.source == "practice" and cfg.sft.tasks_per_category:
+        from seal_mini.envs.practice import demo_ids
+
+        return pick(demo_ids(cfg), cfg.data.max_train_tasks)
+    return pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
+
+
+def identity(cfg: Config) -> dict:
+    """Everything a warm start depends on: the same identity gives the same weights."""
+    from seal_mini.engine.policy import resolve_device
+
+    d = cfg.to_dict()
+    return {
+        "format": FORMAT,
+        "seed": cfg.seed,
+        "device": resolve_device(cfg.device).type,
+        **{k: d[k] for k in ("model", "data", "env", "sft")},
+        "lora": d["lora"] if not cfg.sft.full else None,
+        "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
+        "logprob_chunk": cfg.train.logprob_chunk,
+        "max_grad_norm": cfg.train.max_grad_norm,
+    }
+
+
+def run_sft(cfg: Config) -> Path:
+    """Build the warm start into <run_dir>/warm_start (replacing what is there) and return that folder."""
+    from seal_mini.engine.policy import add_lora, load_backbone
+
+    started = time.perf_counter()
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    tasks = demonstrated_tasks(cfg)
+    model, tokenizer, renderer, device = load_backbone(cfg, tasks)
+    demos, stats = build_demonstrations(cfg, tasks, renderer)
+    if not demos:
+        raise ConfigError("sft: no demonstration fits sft.max_tokens (0: rollout.max_total_tokens); raise it")
+    print(
+        f"[sft] {stats['demonstrations']} demonstrations ({stats['with_a_fault']} with a fault), "
+        f"{stats['tokens']} tokens, {stats['assistant_tokens']} of them the assistant's; labels {stats['labels']}"
+    )
+    if cfg.sft.full:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        model = add_lora(model, cfg)
+    log = train_model(model, demos, cfg, device)
+    model = _merged(model, cfg)
+
+    out = warm_start_dir(cfg)
+    seconds = round(time.perf_counter() - started, 1)
+    with new_dir(out) as tmp:
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        write_json(tmp / "sft.json", {"stats": stats, "log": log, "seconds": seconds})
+        write_json(tmp / "identity.json", identity(cfg))
+    print(f"[sft] warm start saved to {out} ({seconds}s)")
+    return out
+
+
+def ensure_warm_start(cfg: Config) -> Path:
+    """The run's warm start: kept if built with this identity, copied from a sibling run directory that has
+    an identical one, else built now."""
+    out, want = warm_start_dir(cfg), identity(cfg)
+    if (out / "identity.json").exists() and read_json(out / "identity.json") == want:
+        return out
+    for other in sorted(Path(cfg.out_dir).glob(f"*/{WARM_START}/identity.json")):
+        if other.parent != out and read_json(other) == want:
+            with new_dir(out) as tmp:
+                shutil.copytree(other.parent, tmp, dirs_exist_ok=True)
+            print(f"[sft] reusing the identical warm start of {other.parent.parent}")
+            return out
+    return run_sft(cfg)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini sft", description="build the warm start of a recipe")
+    parser.add_argument("recipe", help="recipes/X.yaml")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--rebuild", action="store_true", help="build it again even if an identical one exists")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.recipe, [*args.overrides, "sft.enabled=true"])
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it writes into the run directory
+        path = run_sft(cfg) if args.rebuild else ensure_warm_start(cfg)
+    print(json.dumps({"warm_start": str(path), **read_json(path / "sft.json")["stats"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
