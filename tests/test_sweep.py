@@ -97,3 +97,14 @@ def test_sweep_runs_each_variant_and_seed_once_and_resumes(tmp_path, monkeypatch
     text = (tmp_path / "cpu_learn_sweep" / "sweep.md").read_text()
     for variant in ["seal", *sweep.ABLATIONS]:
         assert f"| {variant} | 10.5 ± 0.7 [10.0, 11.0] |" in text
+
+
+def test_a_second_sweep_of_the_same_recipe_stops_naming_the_first(tmp_path, monkeypatch):
+    """Two sweeps of one recipe would race for sweep.json and start each other's runs twice."""
+    from seal_mini.runio import FileError, run_lock
+
+    monkeypatch.setattr(sweep, "run_placed", lambda jobs, gpus, per_run=1: pytest.fail("a run started"))
+    argv = ["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", "--seeds", "1"]
+    with run_lock(tmp_path / "cpu_learn_sweep", "sweep"):
+        with pytest.raises(FileError, match="cpu_learn_sweep is in use by"):
+            sweep.main(argv)

@@ -48,6 +48,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from seal_mini.envs.bfcl import bfcl_root
+from seal_mini.envs.toolcalls import MAX_INT  # one bound on integers for both ways a call is read
 
 QWEN_HANDLER = "model_handler/local_inference/qwen_fc.py"
 HANDLER_UTILS = "model_handler/utils.py"
@@ -56,8 +57,6 @@ BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "
 REFUSED_CALL = "seal_mini_refused_call()"
 """What the checker gets in place of a refused call: a name defined nowhere, so BFCL's eval stops with
 a NameError, as for any unknown tool; no state changes and its output matches no reference output."""
-MAX_INT = 2**53
-"""Largest integer magnitude a call may pass (larger ones are refused)."""
 
 
 # --- decoding: BFCL's Qwen handler ------------------------------------------------------------------

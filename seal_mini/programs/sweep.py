@@ -25,9 +25,10 @@ import yaml
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
-from seal_mini.runio import atomic_write_text, read_json, write_json
+from seal_mini.runio import atomic_write_text, read_json, run_lock, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root: recipes/ablations/ lies there."""
 ABLATIONS = ("vanilla_rl", "no_env_adaptation", "no_reweighting", "no_closed_loop")
 """recipes/ablations/<name>.yaml, in the order of the table."""
 PAPER = {
@@ -136,7 +137,12 @@ def main(argv: list[str]) -> int:
         raise ConfigError("sweep: --seeds must be >= 1")
     base = load_config(args.recipe, args.overrides)  # a bad recipe or override fails here, before any run
     sweep_dir = Path(base.out_dir) / f"{base.name}_sweep"
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    with run_lock(sweep_dir, "sweep"):  # two sweeps of one recipe would race for sweep.json and its runs
+        return run_sweep(args, base, sweep_dir)
+
+
+def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
+    """Every run of the sweep that is not done yet, then the table from all of them."""
     record = sweep_dir / "sweep.json"
     seconds = read_json(record).get("seconds", {}) if record.exists() else {}
 
