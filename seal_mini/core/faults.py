@@ -18,28 +18,11 @@ from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
 from seal_mini.envs.episode import new_instances, public_methods
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
+from seal_mini.labels import REGISTRY, RegistryError
 
-# fault kind -> (expected label at the faulted turn, what is injected)
-FAULTS: dict[str, tuple[str, str]] = {
-    "malformed_call": ("invalid_tool_call", "one call of the turn is written as broken JSON"),
-    "tool_not_offered": ("invalid_tool_call", "one call names a tool the task does not offer (yet)"),
-    "missing_required_argument": ("argument_mismatch", "one call leaves out a required argument"),
-    "wrong_argument_type": ("argument_mismatch", "one argument gets a value of another JSON type"),
-    "wrong_argument_value": ("state_mismatch", "a state-changing call gets another value of the right type"),
-    "dropped_state_call": ("state_mismatch", "a state-changing call of a multi-call turn is left out"),
-    "dropped_read_call": ("response_mismatch", "a read-only call whose output the turn shows is left out"),
-    "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
-    "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
-    "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
-    "one_line_call": (
-        "invalid_tool_call",
-        "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)",
-    ),
-    "fenced_call": ("invalid_tool_call", "one call's JSON inside a ```json fence between the tags"),
-    "two_calls_one_block": ("invalid_tool_call", "two calls' JSON objects in one <tool_call> block"),
-    "repaired_malformed_call": ("pass", "one call of a turn broken next to the others, then sent again correctly"),
-    "repaired_failing_call": ("pass", "a read-only call fails, then is sent again correctly"),
-}
+FAULTS: dict[str, tuple[str, str]] = REGISTRY.faults
+"""Fault kind -> (expected label at the faulted turn, what is injected); declared with the labels
+(seal_mini/labels.py). Each kind needs its builder in BUILDERS below."""
 MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
 """BFCL's per-turn limit on tool-calling messages; a longer turn is scripted with several calls per message."""
 
@@ -352,4 +335,8 @@ BUILDERS = {
     "repaired_malformed_call": _repaired(failing=False),
     "repaired_failing_call": _repaired(failing=True),
 }
-assert set(BUILDERS) == set(FAULTS)
+if set(BUILDERS) != set(FAULTS):
+    raise RegistryError(
+        f"fault kinds without a builder in seal_mini/core/faults.py: {sorted(set(FAULTS) - set(BUILDERS))}; "
+        f"builders of no declared fault kind: {sorted(set(BUILDERS) - set(FAULTS))}"
+    )

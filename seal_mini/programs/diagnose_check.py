@@ -37,13 +37,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from seal_mini.config import CATEGORIES, LABELS
-from seal_mini.core.diagnose import FAILURE_LABELS, diagnose_turns, evidence, reference
+from seal_mini.config import CATEGORIES
+from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import Task, load_tasks
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.verifier import check
+from seal_mini.labels import FAILURE_LABELS, LABELS, RegistryError, require_labels
 
 EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
@@ -54,8 +55,13 @@ CHECKER_ERROR = {
     "state_mismatch": "multi_turn:instance_state_mismatch",
     "response_mismatch": "multi_turn:execution_response_mismatch",
 }
+"""The official checker's error type when the failure of an effect kind's label shows at its turn."""
 FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
 """The small model's finer state_mismatch cause that each fault kind implies."""
+require_labels(CHECKER_ERROR, "diagnose_check.CHECKER_ERROR")
+_unchecked = [kind for kind in EFFECT_KINDS if FAULTS[kind][0] not in CHECKER_ERROR]
+if _unchecked:
+    raise RegistryError(f"diagnose_check: effect kinds {_unchecked} expect labels with no CHECKER_ERROR entry")
 ATTEMPTS = 3
 """Draws per task and fault kind before a fault that does not take is counted as not realized."""
 
@@ -153,7 +159,7 @@ class Run:
 
     examples: int
     verify_every: int
-    tallies: dict = field(default_factory=lambda: {k: Tally(FAULTS[k][0]) for k in FAULTS})
+    tallies: dict = field(default_factory=lambda: {k: Tally(FAULTS[k][0]) for k in BUILDERS})
     confusion: dict = field(default_factory=lambda: {z: Counter() for z in LABELS})
     clean: dict = field(default_factory=lambda: {"episodes": 0, "turns": 0, "labels": Counter(), "failures": []})
     around: dict = field(default_factory=lambda: {"before": Counter(), "after": Counter()})
