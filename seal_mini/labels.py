@@ -68,9 +68,10 @@ class Label:
 
 # --- LEARNER EDIT POINT: the labels ---------------------------------------------------------------------
 # Declared in the order tables and reports list them. rho: the paper's values where it gives one
-# (spurious 2.0, abstention 1.8, missing/empty 1.5, state 1.0, response 0.9, pass 1.0);
+# (spurious 2.0, abstention 1.8, missing/empty 1.5, state 1.0, response 0.9, instance 0.6, pass 1.0);
 # the kit's own choice, with its reason, for the labels the paper leaves without a value. Priority:
-# the paper's order (invalid > argument > state > recovery > missing > response). The labels of turns whose ground truth makes no call
+# the paper's order (invalid > argument > state > recovery > missing > response), with instance above
+# state as the authors' release orders them. The labels of turns whose ground truth makes no call
 # (spurious_tool_call, correct_abstention) apply to other turns than the ones that need a call, so
 # their place among those does not matter.
 ENTRIES: tuple[Label, ...] = (
@@ -141,6 +142,25 @@ ENTRIES: tuple[Label, ...] = (
             order=1,
         ),
         faults=(Fault("spurious_call", "a call on a turn whose ground truth makes none", demonstrable=True),),
+    ),
+    Label(
+        "instance_mismatch",
+        rho=0.6,
+        rho_reason="paper",
+        priority=50,
+        description="The calls changed a part of the system that this request does not concern at all.",
+        guideline=Guideline(
+            "act_on_the_named_item",
+            "Change only what the user asks about: act on the service, account, file or item the request "
+            "names, and leave every other part of the system as it is.",
+            order=8,
+        ),
+        faults=(
+            Fault(
+                "other_instance_call",
+                "a state-changing call is replaced by one that changes a back end the turn does not use",
+            ),
+        ),
     ),
     Label(
         "state_mismatch",

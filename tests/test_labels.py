@@ -39,6 +39,7 @@ def test_every_table_is_a_view_of_the_entries():
         "invalid_tool_call": 1.5,
         "argument_mismatch": 1.2,
         "spurious_tool_call": 2.0,
+        "instance_mismatch": 0.6,
         "state_mismatch": 1.0,
         "recovery_failure": 1.2,
         "missing_tool_call": 1.5,
@@ -63,6 +64,9 @@ def test_every_table_is_a_view_of_the_entries():
     }
     assert set(config.FAULT_KINDS) == {f.kind for e in ENTRIES for f in e.faults if f.demonstrable}
     assert [z for z, _ in diagnose.RULES][:-1] == sorted(labels.LABELS, key=lambda z: -entry(z).priority)
+    # instance above state, as the authors' release orders them
+    order = [z for z, _ in diagnose.RULES]
+    assert order.index("instance_mismatch") + 1 == order.index("state_mismatch")
 
 
 @pytest.mark.parametrize(
@@ -73,7 +77,7 @@ def test_every_table_is_a_view_of_the_entries():
         (replaced("state_mismatch", rho_reason=""), "label 'state_mismatch': no rho_reason"),
         (replaced("state_mismatch", priority=None), "label 'state_mismatch': no priority"),
         (replaced("state_mismatch", priority=entry("pass").priority), "share priority"),
-        (replaced("recovery_failure", description=""), "label 'recovery_failure': no description"),
+        (replaced("instance_mismatch", description=""), "label 'instance_mismatch': no description"),
         (replaced("pass", guideline=Guideline("keep_going", "Keep going.", order=99)), "label 'pass': guideline"),
         (
             replaced("pass", guideline=None, faults=(Fault("", "nothing"),)),
@@ -108,11 +112,11 @@ def test_every_label_needs_its_rule_and_every_rule_a_label():
     registry = build(ENTRIES)
     rules = dict(diagnose.RULE_OF)
     assert [z for z, _ in rule_order(registry, rules)] == list(registry.by_priority)
-    del rules["recovery_failure"]
-    with pytest.raises(RegistryError, match=r"label 'recovery_failure': no rule \(bind a function"):
+    del rules["instance_mismatch"]
+    with pytest.raises(RegistryError, match=r"label 'instance_mismatch': no rule \(bind a function"):
         rule_order(registry, rules)
-    with pytest.raises(RegistryError, match="bound to 'state_mismatches', which is no label"):
-        rule_order(registry, {**diagnose.RULE_OF, "state_mismatches": len})
+    with pytest.raises(RegistryError, match="bound to 'instance_mismatches', which is no label"):
+        rule_order(registry, {**diagnose.RULE_OF, "instance_mismatches": len})
     with pytest.raises(RegistryError, match="has two rules"):
         diagnose.rule("pass")(lambda ev: "")
 

@@ -214,6 +214,8 @@ class TurnEvidence:
     from_model_state: bool
     """The reference is the ground truth replayed from the model's own state at the turn's start (an
     earlier turn failed or the states had parted); else it is the ground truth's own run."""
+    ref_instances: set[str]
+    """Back-end classes the ground truth's calls of this turn use (read or change)."""
     model_after: dict | None
     """None when the turn's end state was never recorded."""
     ref_after: dict
@@ -332,6 +334,22 @@ def _spurious(ev: TurnEvidence) -> str:
 @rule("correct_abstention")
 def _abstained(ev: TurnEvidence) -> str:
     return "" if ev.needs_call or not ev.finished else "no call, as the ground truth"
+
+
+@rule("instance_mismatch")
+def _other_instance_changed(ev: TurnEvidence) -> str:
+    """The turn changed a back-end instance (one of the task's BFCL classes: the file system, the message
+    service, the trading bot...) that the reference's calls of this turn do not use at all: the model
+    acted on the wrong object, in place of or besides the right one. The reference leaves such an
+    instance as the turn found it, so any difference there is the model's change. A turn whose state
+    differs only inside instances the reference uses (a wrong value, a change too many or too few, the
+    right instance left unchanged) is a state_mismatch."""
+    if not (ev.needs_call and ev.finished and ev.executed):
+        return ""
+    others = [cls for cls in ev.differing if cls not in ev.ref_instances]
+    if not others:
+        return ""
+    return f"changed {', '.join(others)}, which the reference does not use in this turn"
 
 
 @rule("state_mismatch")
@@ -473,6 +491,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             finished=record.ended_by == NO_CALL and model_after is not None,
             differing=[c for c in ref_after if c in candidates and model_after and model_after[c] != ref_after[c]],
             from_model_state=from_model_state,
+            ref_instances={ref.owners[name] for name, _ in ref.calls[k]},
             model_after=model_after,
             ref_after=ref_after,
         )
