@@ -14,46 +14,16 @@ from pathlib import Path
 
 import yaml
 
+from seal_mini import labels
 from seal_mini.runio import FileError, read_text, read_yaml
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
-# Turn-level failure labels (see seal_mini/core/diagnose.py for the rules that assign them).
-LABELS = (
-    "pass",
-    "correct_abstention",
-    "invalid_tool_call",
-    "argument_mismatch",
-    "spurious_tool_call",
-    "state_mismatch",
-    "recovery_failure",
-    "missing_tool_call",
-    "response_mismatch",
-    "not_reached",
-)
-
-
-# --- LEARNER EDIT POINT: the utility table rho(z) -----------------------------------------------
-# Paper values where the paper gives one (spurious 2.0, abstention 1.8, missing/empty 1.5, state 1.0,
-# response 0.9, pass 1.0). The paper leaves three labels without a value; our choices:
-#   invalid_tool_call 1.5: a format failure is as cheap to learn from as a missing call and as
-#     decisive (nothing executes), so it gets the same emphasis as missing_tool_call.
-#   argument_mismatch 1.2: between state (1.0) and missing (1.5): the model chose the right tool,
-#     the fix is local, so it gets a mild boost.
-#   recovery_failure 1.2: the error was shown and not repaired; same mild boost.
-#   not_reached 1.0: turns the episode never got to carry no evidence either way.
-DEFAULT_RHO = {
-    "pass": 1.0,
-    "correct_abstention": 1.8,
-    "invalid_tool_call": 1.5,
-    "argument_mismatch": 1.2,
-    "spurious_tool_call": 2.0,
-    "state_mismatch": 1.0,
-    "recovery_failure": 1.2,
-    "missing_tool_call": 1.5,
-    "response_mismatch": 0.9,
-    "not_reached": 1.0,
-}
+# The turn-level failure labels, their default utility rho(z) and the fault kinds a demonstration can
+# carry are declared once, in seal_mini/labels.py; these are views of that registry.
+LABELS = labels.LABELS
+DEFAULT_RHO = labels.DEFAULT_RHO
+FAULT_KINDS = labels.FAULT_KINDS
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -384,21 +354,6 @@ class TrainConfig:
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
-
-
-# Fault kinds a demonstration can carry: faults `diagnose-check` injects (seal_mini/programs/diagnose_check.py).
-FAULT_KINDS = (
-    "malformed_call",
-    "tool_not_offered",
-    "missing_required_argument",
-    "wrong_argument_type",
-    "wrong_argument_value",
-    "dropped_state_call",
-    "dropped_read_call",
-    "spurious_call",
-    "no_call_answer",
-    "unrepaired_error",
-)
 
 
 @dataclass

@@ -119,11 +119,58 @@ def test_turns_without_a_reference_call():
     assert diagnose(early)[2] == "invalid_tool_call"
 
 
+# base_5, ground truth per turn (back ends: GorillaFileSystem, TwitterAPI):
+#   0: cd(project), mv(analysis_report.csv -> archive)     1: cat, sort (reads)
+#   2: authenticate_twitter, post_tweet(...)               3: comment(tweet_id=0, ...)
+TWEET = call("post_tweet", content="Managed to archive important data files!")
+MOVE = call("mv", source="analysis_report.csv", destination="archive")
+
+
+@pytest.mark.parametrize(
+    "turn, messages, expected",
+    [
+        # the wrong object: a tweet in place of the move (the file system is left as it was)
+        (0, [call("cd", folder="project"), TWEET, DONE_TEXT], "instance_mismatch"),
+        # ...or besides it: the file system is right, the Twitter account was not to be touched
+        (0, [call("cd", folder="project"), MOVE, TWEET, DONE_TEXT], "instance_mismatch"),
+        # instance outranks state: a wrong move and a tweet
+        (
+            0,
+            [call("cd", folder="project"), call("mv", source="analysis_report.csv", destination="x"), TWEET, DONE_TEXT],
+            "instance_mismatch",
+        ),
+        # the right object with another value is a state mismatch
+        (
+            0,
+            [call("cd", folder="project"), call("mv", source="analysis_report.csv", destination="x"), DONE_TEXT],
+            "state_mismatch",
+        ),
+        # a change too many inside the back end the turn uses is a state mismatch too
+        (
+            3,
+            [call("comment", tweet_id=0, comment_content="Another successful task completed today!"), TWEET, DONE_TEXT],
+            "state_mismatch",
+        ),
+        # reading another back end changes nothing: the turn passes
+        (0, [call("cd", folder="project"), MOVE, call("get_user_stats", username="dr_smith"), DONE_TEXT], "pass"),
+    ],
+)
+def test_instance_mismatch_is_a_back_end_the_turn_does_not_use_changed(turn, messages, expected):
+    episode = run("multi_turn_base_5", {turn: messages})
+    assert not any(e.error_kind for e in episode.turns[turn].events)  # every call ran: the state alone decides
+    diagnosis = diagnose_turns(episode)[turn]
+    assert diagnosis.label == expected, diagnosis
+    assert all(z in ("pass", "correct_abstention") for z in diagnose(episode)[:turn])
+    if expected == "instance_mismatch":
+        assert "TwitterAPI" in diagnosis.reason
+
+
 @pytest.mark.parametrize("kind", list(faults.FAULTS))
 def test_each_fault_kind_on_hand_picked_tasks(kind):
     expected = faults.FAULTS[kind][0]
     ids = ["multi_turn_base_0", "multi_turn_base_1", "multi_turn_miss_func_0", "multi_turn_miss_param_0"]
     ids += ["multi_turn_long_context_0", "multi_turn_base_50", "multi_turn_base_120", "multi_turn_miss_param_150"]
+    ids += ["multi_turn_base_5", "multi_turn_base_51"]  # two back ends changed at different turns
     checked = 0
     for task_id in ids:
         task = TASKS[task_id]

@@ -48,7 +48,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from seal_mini.config import LABELS
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import (
     INSTANCE_PREFIX,
@@ -61,9 +60,7 @@ from seal_mini.envs.episode import (
 )
 from seal_mini.envs.harness import instance_name, method_owners, run_call
 from seal_mini.envs.scripted import ground_truth_call
-
-FAILURE_LABELS = tuple(z for z in LABELS if z not in ("pass", "correct_abstention", "not_reached"))
-"""Labels that say the turn went wrong (not_reached says nothing either way)."""
+from seal_mini.labels import LABELS, REGISTRY, RegistryError, require_labels, rule_order
 
 # What the official checker's error types mean in our labels; used only when a verdict says an episode
 # failed and the rules found no failing turn.
@@ -73,6 +70,7 @@ CHECKER_ERROR_LABELS = {
     "multi_turn:execution_response_mismatch": "response_mismatch",
     "multi_turn:irrelevance_error:decoder_success": "spurious_tool_call",
 }
+require_labels(CHECKER_ERROR_LABELS.values(), "diagnose.CHECKER_ERROR_LABELS")
 
 REFERENCE_CACHE_SIZE = 512
 """Tasks whose ground-truth reference is kept: the 400 training tasks fit, so over a run each task's
@@ -216,6 +214,8 @@ class TurnEvidence:
     from_model_state: bool
     """The reference is the ground truth replayed from the model's own state at the turn's start (an
     earlier turn failed or the states had parted); else it is the ground truth's own run."""
+    ref_instances: set[str]
+    """Back-end classes the ground truth's calls of this turn use (read or change)."""
     model_after: dict | None
     """None when the turn's end state was never recorded."""
     ref_after: dict
@@ -269,19 +269,33 @@ def _path_text(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-# --- LEARNER EDIT POINT: the rules, in priority order ---------------------------------------------
-# Each rule reads a turn's evidence and returns a short reason when it fires ("" when it does not).
-# The first rule that fires labels the turn. The order is the paper's priority: invalid_tool_call >
-# argument_mismatch > state_mismatch > recovery_failure > missing_tool_call > response_mismatch; the
-# two labels for turns whose ground truth makes no call (spurious_tool_call, correct_abstention) apply
-# to disjoint turns from the four that need a call, so their place among those does not matter. A
-# malformed or invented call outranks everything, also on a turn that needs no call.
+# --- LEARNER EDIT POINT: the rules ---------------------------------------------------------------------
+# Each rule reads a turn's evidence and returns a short reason when it fires ("" when it does not), and is
+# bound to its label with @rule. The rules are tried in the labels' priority (seal_mini/labels.py); the
+# first that fires labels the turn. A malformed or invented call outranks everything, also on a turn that
+# needs no call.
 # Repaired errors, one treatment: a failed call (error_kind set) counts for invalid_tool_call,
 # argument_mismatch or recovery_failure only on a turn that does not end where the reference does
 # (TurnEvidence.ends_right); a turn that ends there repaired it. A schema violation that ran anyway
 # (not_offered, wrong_type, not_in_enum) counts wherever the turn ends.
 
+RULE_OF: dict[str, Callable[[TurnEvidence], str]] = {}
+"""Label -> its rule (filled by @rule)."""
 
+
+def rule(label: str) -> Callable:
+    """Bind the decorated function as the rule of `label` (one rule per label)."""
+
+    def bind(fn: Callable[[TurnEvidence], str]) -> Callable[[TurnEvidence], str]:
+        if label in RULE_OF:
+            raise RegistryError(f"label {label!r} has two rules: {RULE_OF[label].__name__} and {fn.__name__}")
+        RULE_OF[label] = fn
+        return fn
+
+    return bind
+
+
+@rule("not_reached")
 def _never_begun(ev: TurnEvidence) -> str:
     if ev.record.messages:
         return ""
@@ -290,6 +304,7 @@ def _never_begun(ev: TurnEvidence) -> str:
     return "no message in this turn: the episode ended before it"
 
 
+@rule("invalid_tool_call")
 def _invalid_call(ev: TurnEvidence) -> str:
     for e in ev.record.events:
         if e.error_kind in ("parse", "unknown_tool") and not ev.ends_right():
@@ -299,6 +314,7 @@ def _invalid_call(ev: TurnEvidence) -> str:
     return ""
 
 
+@rule("argument_mismatch")
 def _bad_arguments(ev: TurnEvidence) -> str:
     for e in ev.record.events:
         if e.error_kind == "arguments" and not ev.ends_right():
@@ -308,16 +324,35 @@ def _bad_arguments(ev: TurnEvidence) -> str:
     return ""
 
 
+@rule("spurious_tool_call")
 def _spurious(ev: TurnEvidence) -> str:
     if ev.needs_call or not ev.record.events:
         return ""
     return f"called {ev.record.events[0].name} on a turn that needs no call"
 
 
+@rule("correct_abstention")
 def _abstained(ev: TurnEvidence) -> str:
     return "" if ev.needs_call or not ev.finished else "no call, as the ground truth"
 
 
+@rule("instance_mismatch")
+def _other_instance_changed(ev: TurnEvidence) -> str:
+    """The turn changed a back-end instance (one of the task's BFCL classes: the file system, the message
+    service, the trading bot...) that the reference's calls of this turn do not use at all: the model
+    acted on the wrong object, in place of or besides the right one. The reference leaves such an
+    instance as the turn found it, so any difference there is the model's change. A turn whose state
+    differs only inside instances the reference uses (a wrong value, a change too many or too few, the
+    right instance left unchanged) is a state_mismatch."""
+    if not (ev.needs_call and ev.finished and ev.executed):
+        return ""
+    others = [cls for cls in ev.differing if cls not in ev.ref_instances]
+    if not others:
+        return ""
+    return f"changed {', '.join(others)}, which the reference does not use in this turn"
+
+
+@rule("state_mismatch")
 def _state_differs(ev: TurnEvidence) -> str:
     if not (ev.needs_call and ev.finished and ev.executed):
         return ""
@@ -328,6 +363,7 @@ def _state_differs(ev: TurnEvidence) -> str:
     return f"state differs at {_short(shown)}" + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
 
 
+@rule("recovery_failure")
 def _unrepaired_error(ev: TurnEvidence) -> str:
     if ev.ends_right():
         return ""
@@ -337,10 +373,12 @@ def _unrepaired_error(ev: TurnEvidence) -> str:
     return ""
 
 
+@rule("missing_tool_call")
 def _no_call(ev: TurnEvidence) -> str:
     return "answered without a call" if ev.needs_call and ev.finished and not ev.executed else ""
 
 
+@rule("response_mismatch")
 def _outputs_missing(ev: TurnEvidence) -> str:
     if not (ev.needs_call and ev.finished):
         return ""
@@ -348,6 +386,7 @@ def _outputs_missing(ev: TurnEvidence) -> str:
     return f"{len(missing)} expected output(s) missing, e.g. {_short(missing[0], 60)!r}" if missing else ""
 
 
+@rule("pass")
 def _finished(ev: TurnEvidence) -> str:
     return "state and outputs match the reference" if ev.finished else ""
 
@@ -356,20 +395,10 @@ def _cut_short(ev: TurnEvidence) -> str:
     return f"the turn was cut before it ended ({ev.record.ended_by})"
 
 
-RULES: list[tuple[str, Callable[[TurnEvidence], str]]] = [
-    ("not_reached", _never_begun),
-    ("invalid_tool_call", _invalid_call),
-    ("argument_mismatch", _bad_arguments),
-    ("spurious_tool_call", _spurious),
-    ("correct_abstention", _abstained),
-    ("state_mismatch", _state_differs),
-    ("recovery_failure", _unrepaired_error),
-    ("missing_tool_call", _no_call),
-    ("response_mismatch", _outputs_missing),
-    ("pass", _finished),
-    ("not_reached", _cut_short),  # always fires: a cut turn with nothing else to say
+RULES: list[tuple[str, Callable[[TurnEvidence], str]]] = rule_order(REGISTRY, RULE_OF) + [
+    ("not_reached", _cut_short),  # always fires: a cut turn that no rule above could label
 ]
-assert all(label in LABELS for label, _ in RULES)
+"""(label, rule) in the order they are tried."""
 
 
 # --- diagnosing an episode --------------------------------------------------------------------------
@@ -462,6 +491,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             finished=record.ended_by == NO_CALL and model_after is not None,
             differing=[c for c in ref_after if c in candidates and model_after and model_after[c] != ref_after[c]],
             from_model_state=from_model_state,
+            ref_instances={ref.owners[name] for name, _ in ref.calls[k]},
             model_after=model_after,
             ref_after=ref_after,
         )

@@ -18,28 +18,11 @@ from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
 from seal_mini.envs.episode import new_instances, public_methods
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
+from seal_mini.labels import REGISTRY, RegistryError
 
-# fault kind -> (expected label at the faulted turn, what is injected)
-FAULTS: dict[str, tuple[str, str]] = {
-    "malformed_call": ("invalid_tool_call", "one call of the turn is written as broken JSON"),
-    "tool_not_offered": ("invalid_tool_call", "one call names a tool the task does not offer (yet)"),
-    "missing_required_argument": ("argument_mismatch", "one call leaves out a required argument"),
-    "wrong_argument_type": ("argument_mismatch", "one argument gets a value of another JSON type"),
-    "wrong_argument_value": ("state_mismatch", "a state-changing call gets another value of the right type"),
-    "dropped_state_call": ("state_mismatch", "a state-changing call of a multi-call turn is left out"),
-    "dropped_read_call": ("response_mismatch", "a read-only call whose output the turn shows is left out"),
-    "spurious_call": ("spurious_tool_call", "a call on a turn whose ground truth makes none"),
-    "no_call_answer": ("missing_tool_call", "a final answer without a call where one is needed"),
-    "unrepaired_error": ("recovery_failure", "a read-only call fails and is never retried"),
-    "one_line_call": (
-        "invalid_tool_call",
-        "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)",
-    ),
-    "fenced_call": ("invalid_tool_call", "one call's JSON inside a ```json fence between the tags"),
-    "two_calls_one_block": ("invalid_tool_call", "two calls' JSON objects in one <tool_call> block"),
-    "repaired_malformed_call": ("pass", "one call of a turn broken next to the others, then sent again correctly"),
-    "repaired_failing_call": ("pass", "a read-only call fails, then is sent again correctly"),
-}
+FAULTS: dict[str, tuple[str, str]] = REGISTRY.faults
+"""Fault kind -> (expected label at the faulted turn, what is injected); declared with the labels
+(seal_mini/labels.py). Each kind needs its builder in BUILDERS below."""
 MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
 """BFCL's per-turn limit on tool-calling messages; a longer turn is scripted with several calls per message."""
 
@@ -83,18 +66,22 @@ def offered_schemas(task: Task, turn: int) -> dict[str, dict]:
     return {d["name"]: to_chat_tool(d)["function"]["parameters"] for d in docs}
 
 
+def _fits(task: Task, turn: int, calls: list[PlannedCall]) -> list[bool]:
+    """Whether each call fits the tools offered at a turn (offered, arguments as the schema says)."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    tools = {d["name"]: to_chat_tool(d) for d in docs}
+    out = []
+    for c in calls:
+        checked = validate_call({"name": c.name, "arguments": c.arguments}, tools)
+        out.append(isinstance(checked, ToolCall) and not checked.violation)
+    return out
+
+
 def _clean(task: Task, p: list[list[PlannedCall]], turn: int) -> list[int]:
     """Calls of the turn that fit the tools offered at that turn. A few reference calls break the
     schema themselves (a string ticket id; a held-out tool used before its reveal): a fault is only
     injected into a clean call, so that it is the one problem of its turn."""
-    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
-    tools = {d["name"]: to_chat_tool(d) for d in docs}
-    out = []
-    for i, c in enumerate(p[turn]):
-        checked = validate_call({"name": c.name, "arguments": c.arguments}, tools)
-        if isinstance(checked, ToolCall) and not checked.violation:
-            out.append(i)
-    return out
+    return [i for i, ok in enumerate(_fits(task, turn, p[turn])) if ok]
 
 
 # --- fault builders: (task, plan, turn, rng) -> (the turn's <tool_call> blocks, note), or None where the
@@ -246,6 +233,55 @@ def _drop(want_state: bool):
     return build
 
 
+def _public(instance) -> dict:
+    return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
+
+
+def _changing_here(task: Task, p: list[list[PlannedCall]], turn: int, i: int, candidates: list[PlannedCall]):
+    """The candidates that change their back end's public state when run in place of call i of the turn,
+    after the ground truth up to it (a call that changed state at its own turn may not here: a login
+    already done, a precondition not met yet)."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    for c in [c for calls in p[:turn] for c in calls] + p[turn][:i]:
+        try:
+            methods[c.name](**copy.deepcopy(c.arguments))
+        except Exception:  # noqa: BLE001 - the episode runs it the same way
+            pass
+    out = []
+    for c in candidates:
+        method = public_methods(copy.deepcopy(instances))[c.name]
+        before = copy.deepcopy(_public(method.__self__))
+        try:
+            method(**copy.deepcopy(c.arguments))
+        except Exception:  # noqa: BLE001 - a raising call changes nothing
+            continue
+        if _public(method.__self__) != before:
+            out.append(c)
+    return out
+
+
+def _other_instance(task, p, turn, rng):
+    """One state-changing call of the turn is replaced by a state-changing call the ground truth makes at
+    another turn on a back end this turn does not use: the wrong object is acted on."""
+    targets = [i for i in _clean(task, p, turn) if p[turn][i].changes_state]
+    if not targets:
+        return None
+    left_alone = {c.owner for calls in p for c in calls} - {c.owner for c in p[turn]}
+    pool = [c for t, calls in enumerate(p) if t != turn for c in calls if c.changes_state and c.owner in left_alone]
+    pool = [c for c, ok in zip(pool, _fits(task, turn, pool), strict=True) if ok]
+    if not pool:
+        return None
+    i = rng.choice(targets)
+    pool = _changing_here(task, p, turn, i, pool)
+    if not pool:
+        return None
+    other = rng.choice(pool)
+    calls = as_pairs(p[turn])
+    calls[i] = (other.name, dict(other.arguments))
+    return call_blocks(calls), f"{other.name} ({other.owner}) instead of {p[turn][i].name}"
+
+
 def _spurious(task, p, turn, rng):
     if p[turn]:
         return None
@@ -346,10 +382,15 @@ BUILDERS = {
     "spurious_call": _spurious,
     "no_call_answer": _no_call,
     "unrepaired_error": _failing,
+    "other_instance_call": _other_instance,
     "one_line_call": _written("one_line"),
     "fenced_call": _written("fenced"),
     "two_calls_one_block": _two_in_one,
     "repaired_malformed_call": _repaired(failing=False),
     "repaired_failing_call": _repaired(failing=True),
 }
-assert set(BUILDERS) == set(FAULTS)
+if set(BUILDERS) != set(FAULTS):
+    raise RegistryError(
+        f"fault kinds without a builder in seal_mini/core/faults.py: {sorted(set(FAULTS) - set(BUILDERS))}; "
+        f"builders of no declared fault kind: {sorted(set(BUILDERS) - set(FAULTS))}"
+    )

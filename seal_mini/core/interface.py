@@ -23,13 +23,15 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 
-from seal_mini.config import LABELS, ConfigError, InterfaceConfig
+from seal_mini.config import ConfigError, InterfaceConfig
 from seal_mini.envs.bfcl import to_chat_tool
 from seal_mini.envs.episode import CallEvent, Episode, StepResult, TurnRecord, render_new_tools
+from seal_mini.labels import REGISTRY, require_labels
 
 # --- LEARNER EDIT POINT: the cue texts ------------------------------------------------------------
-# Everything the interface can ever add to what the model sees is in this block. A cue may use
-# public schema facts ({tool}, {required}, {params}) and nothing from the task instance.
+# Everything the interface can ever add to what the model sees is in this block, except the guideline
+# texts, which are declared with their labels (seal_mini/labels.py). A cue may use public schema facts
+# ({tool}, {required}, {params}) and nothing from the task instance.
 
 SCHEMA_NOTE = (
     "How to call a tool: write <tool_call> on a line of its own, then one JSON object "
@@ -42,42 +44,10 @@ PARAM_MARK = "[{presence}; {type}]"
 ENUM_MARK = "[{presence}; {type}; one of: {values}]"
 
 GUIDELINES_HEADER = "Guidelines:"
-# id -> (the label whose failures select it, the text). The order is the fixed order used when the
-# loop is open (interface.closed_loop = false): the first top_k are shown.
-GUIDELINES = {
-    "cautious_call": (
-        "spurious_tool_call",
-        "Call a tool only when the request needs one. If nothing asked can be done with a tool, or a "
-        "needed detail is missing, answer in text instead of calling.",
-    ),
-    "act_when_a_tool_fits": (
-        "missing_tool_call",
-        "When a listed tool can do what the user asks, call it in this turn rather than describing what you would do.",
-    ),
-    "state_aware": (
-        "state_mismatch",
-        "Keep track of the current state (where you are, what exists, what earlier calls returned) and "
-        "base each call on it; make exactly the changes asked for, no more.",
-    ),
-    "check_target_exists": (
-        "recovery_failure",
-        "Before acting on a file, record or item, make sure it exists in the current state; when a call "
-        "fails, find out why and retry with a corrected call before you answer.",
-    ),
-    "match_requested_format": (
-        "response_mismatch",
-        "Give the user the information they asked for, taken from the tool outputs, in the form they requested.",
-    ),
-    "well_formed_calls": (
-        "invalid_tool_call",
-        'Write every call as one valid JSON object with "name" and "arguments" between a <tool_call> line '
-        "and a </tool_call> line, naming only listed tools.",
-    ),
-    "follow_the_schema": (
-        "argument_mismatch",
-        "Give every required argument, use only the parameters a tool declares, and give values of the declared types.",
-    ),
-}
+# The guidelines are declared with the labels whose failures select them (seal_mini/labels.py).
+GUIDELINES: dict[str, tuple[str, str]] = REGISTRY.guidelines
+"""Guideline id -> (the label whose failures select it, the text), in guideline order: the order used
+when the loop is open (interface.closed_loop = false), where the first top_k are shown."""
 
 # error class -> (its name, the constraint it violates). Classes come from CallEvent.error_kind /
 # violation, or, for errors the back end reports, from the error text (EXECUTION_CLASSES).
@@ -126,8 +96,8 @@ ERROR_TRIGGERS = ("recovery_failure", "invalid_tool_call")
 
 _SOFT_VIOLATIONS = ("wrong_type", "not_in_enum", "not_offered")
 KEPT_ON = " (kept on)"
-for _label, _ in GUIDELINES.values():
-    assert _label in LABELS, f"guideline for unknown label {_label}"
+require_labels(SCHEMA_TRIGGERS, "interface.SCHEMA_TRIGGERS")
+require_labels(ERROR_TRIGGERS, "interface.ERROR_TRIGGERS")
 
 
 @dataclass

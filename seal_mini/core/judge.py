@@ -18,35 +18,17 @@ import json
 from collections.abc import Callable
 
 from seal_mini.config import ConfigError, DiagnosisConfig
+from seal_mini.labels import REGISTRY
 
-# --- LEARNER EDIT POINT: the closed sets the small model chooses from --------------------------------
-# Finer causes per rule label, each with the description the model scores. Descriptions are plain
-# sentences of similar length, so that length does not decide the mean log-likelihood.
-FINER_LABELS: dict[str, dict[str, str]] = {
-    "state_mismatch": {
-        "wrong_target": "The call acted on the wrong item, such as another file, account, ticket or person.",
-        "wrong_value": "The call acted on the right item but with a wrong value, amount, text or setting.",
-        "missing_step": "One of the needed actions was skipped, so part of the request was never done.",
-        "extra_step": "An action the user did not ask for was carried out and changed something.",
-        "wrong_order": "The right actions were carried out in an order that gave a different result.",
-    },
-    "response_mismatch": {
-        "not_fetched": "The information the user asked for was never looked up with a tool.",
-        "wrong_item_read": "The assistant looked up a different item than the one the user asked about.",
-    },
-}
-
-# Descriptions of the rule labels themselves: used to measure how often the small model agrees with the
-# rules (diagnose-check), never to overrule them.
-LABEL_DESCRIPTIONS: dict[str, str] = {
-    "invalid_tool_call": "The assistant wrote a tool call that could not be read or named a tool not offered.",
-    "argument_mismatch": "The assistant called a real tool with missing, unknown or wrongly typed arguments.",
-    "spurious_tool_call": "The assistant called a tool although this request should be answered without tools.",
-    "state_mismatch": "The calls ran but left the system in a different state than the request needs.",
-    "recovery_failure": "A call returned an error and the assistant answered without fixing it.",
-    "missing_tool_call": "The assistant answered without calling any tool although the request needed one.",
-    "response_mismatch": "The calls ran but the information the user asked for was never fetched.",
-}
+# The closed sets the small model chooses from are declared with the labels (seal_mini/labels.py): finer
+# causes per rule label, each with the description the model scores, and a description of each failure
+# label. Descriptions are plain sentences of similar length, so that length does not decide the mean
+# log-likelihood.
+FINER_LABELS: dict[str, dict[str, str]] = REGISTRY.finer
+"""Rule label -> {finer cause: description}."""
+LABEL_DESCRIPTIONS: dict[str, str] = REGISTRY.descriptions
+"""Failure label -> its description: used to measure how often the small model agrees with the rules
+(diagnose-check), never to overrule them."""
 
 
 def _clip(text, limit: int) -> str:

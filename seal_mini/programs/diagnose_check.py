@@ -11,10 +11,10 @@ turn never counts as pass and the turns after it are not_reached.
 Some faults leave no trace at their own turn, or another one than intended (a changed value the back
 end does not store; a dropped booking that a later cancellation in the same turn would have undone; a
 broken call whose output an earlier turn already fetched, which BFCL passes). The official BFCL checker
-decides, run on the episode's turns up to the faulted one. For the three kinds whose label rests on the
+decides, run on the episode's turns up to the faulted one. For the four kinds whose label rests on the
 fault's effect, the fault is attributable when the checker fails that turn with the error type of the
-expected label (instance_state_mismatch for state_mismatch, execution_response_mismatch for
-response_mismatch); for the kinds whose label is an error (invalid_tool_call, argument_mismatch,
+expected label (instance_state_mismatch for instance_mismatch and state_mismatch,
+execution_response_mismatch for response_mismatch); for the kinds whose label is an error (invalid_tool_call, argument_mismatch,
 recovery_failure), when the checker fails that turn at all, since an error on a turn that ends where the
 reference does was repaired; for the repaired kinds (expected pass), when it passes it. Spurious calls,
 answers without a call and wrongly typed values (which label a turn wherever it ends) are attributable
@@ -37,25 +37,33 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from seal_mini.config import CATEGORIES, LABELS
-from seal_mini.core.diagnose import FAILURE_LABELS, diagnose_turns, evidence, reference
+from seal_mini.config import CATEGORIES
+from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import Task, load_tasks
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.verifier import check
+from seal_mini.labels import FAILURE_LABELS, LABELS, RegistryError, require_labels
 
-EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call")
+EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call", "other_instance_call")
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
 BY_CONSTRUCTION = ("spurious_call", "no_call_answer", "wrong_argument_type")
 """Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
 no call where one is, a call outside the schema that ran anyway."""
 CHECKER_ERROR = {
+    "instance_mismatch": "multi_turn:instance_state_mismatch",
     "state_mismatch": "multi_turn:instance_state_mismatch",
     "response_mismatch": "multi_turn:execution_response_mismatch",
 }
+"""The official checker's error type when the failure of an effect kind's label shows at its turn (BFCL
+compares back-end instances attribute by attribute: one error type for instance and state mismatches)."""
 FINER_EXPECTED = {"wrong_argument_value": "wrong_value", "dropped_state_call": "missing_step"}
 """The small model's finer state_mismatch cause that each fault kind implies."""
+require_labels(CHECKER_ERROR, "diagnose_check.CHECKER_ERROR")
+_unchecked = [kind for kind in EFFECT_KINDS if FAULTS[kind][0] not in CHECKER_ERROR]
+if _unchecked:
+    raise RegistryError(f"diagnose_check: effect kinds {_unchecked} expect labels with no CHECKER_ERROR entry")
 ATTEMPTS = 3
 """Draws per task and fault kind before a fault that does not take is counted as not realized."""
 
@@ -153,7 +161,7 @@ class Run:
 
     examples: int
     verify_every: int
-    tallies: dict = field(default_factory=lambda: {k: Tally(FAULTS[k][0]) for k in FAULTS})
+    tallies: dict = field(default_factory=lambda: {k: Tally(FAULTS[k][0]) for k in BUILDERS})
     confusion: dict = field(default_factory=lambda: {z: Counter() for z in LABELS})
     clean: dict = field(default_factory=lambda: {"episodes": 0, "turns": 0, "labels": Counter(), "failures": []})
     around: dict = field(default_factory=lambda: {"before": Counter(), "after": Counter()})
