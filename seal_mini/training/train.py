@@ -151,6 +151,16 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
     return ids.to(device), attention.to(device), mask.to(device), old.to(device)
 
 
+@dataclass(frozen=True)
+class MiniBatchCounts:
+    """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
+
+    tokens: int
+    """Loss tokens (loss_mask 1)."""
+    sequences: int
+    """Sequences with at least one loss token."""
+
+
 def update(
     policy,
     optimizer,
@@ -240,16 +250,6 @@ def update(
     return out
 
 
-@dataclass(frozen=True)
-class MiniBatchCounts:
-    """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
-
-    tokens: int
-    """Loss tokens (loss_mask 1)."""
-    sequences: int
-    """Sequences with at least one loss token."""
-
-
 def accumulate_gradients(
     policy, trajectories: list[Trajectory], advantages: torch.Tensor, counts: MiniBatchCounts, cfg: Config
 ) -> dict[str, float] | None:
@@ -282,7 +282,9 @@ def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor
     return sums
 
 
-def recompute_old_logprobs(policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config):
+def recompute_old_logprobs(
+    policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config
+) -> list[Trajectory]:
     """The trajectories with the current policy's log-probs as their old ones (train.old_logprobs: recompute).
 
     One no-grad forward, in the mode (model.train()) and the micro-batches of the training forward, so the
