@@ -295,6 +295,13 @@ class InterfaceConfig:
         _check(self.top_k >= 0, f"{key}.top_k", "must be >= 0")
 
 
+# Named choices of the update (the math behind each name is in seal_mini/core/grpo.py, which refuses to
+# import unless its tables hold exactly these names).
+ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+OLD_LOGPROBS = ("sampled", "recompute")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 72
@@ -319,6 +326,22 @@ class TrainConfig:
     """Gradient norm clip."""
     adv_eps: float = 1e-6
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
+    adv_estimator: str = "grpo"
+    """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
+    | rloo (r minus the mean of the group's other rewards). The diagnostic weight multiplies any of them."""
+    loss_agg: str = "token_mean"
+    """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
+    mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
+    | seq_mean_token_sum (each sequence's token sum / token_sum_norm, averaged over sequences; Dr. GRPO)."""
+    token_sum_norm: float = 0.0
+    """seq_mean_token_sum only: the constant every sequence's token sum is divided by; 0 = the generation
+    budget rollout.max_response_tokens (Dr. GRPO's choice), 1 = a plain sum. A constant, not the sequence's
+    length, so a long sequence's tokens weigh as much as a short one's."""
+    old_logprobs: str = "sampled"
+    """The "old" log-probs of the clipped ratio: sampled (those the rollout recorded, no extra forward) |
+    recompute (one no-grad forward of the current policy over the round, in the training forward's mode,
+    before the first mini-batch: the first mini-batch's ratio is then exactly 1; the safe choice on a GPU,
+    whose sampling kernels differ from the training forward's)."""
     logprob_chunk: int = 256
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
     update: bool = True
@@ -351,6 +374,10 @@ class TrainConfig:
         _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
         _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
+        _check(self.adv_estimator in ADV_ESTIMATORS, f"{key}.adv_estimator", f"must be one of {ADV_ESTIMATORS}")
+        _check(self.loss_agg in LOSS_AGGREGATIONS, f"{key}.loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+        _check(self.token_sum_norm >= 0, f"{key}.token_sum_norm", "must be >= 0 (0 = rollout.max_response_tokens)")
+        _check(self.old_logprobs in OLD_LOGPROBS, f"{key}.old_logprobs", f"must be one of {OLD_LOGPROBS}")
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")

@@ -73,3 +73,23 @@ def test_every_recipe_loads_and_validates():
     assert ablations["no_env_adaptation"].interface.enabled is False and ablations["no_env_adaptation"].train.reweight
     assert ablations["no_reweighting"].train.reweight is False and ablations["no_reweighting"].interface.enabled
     assert ablations["no_closed_loop"].interface.closed_loop is False
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.adv_estimator=ppo", "train.adv_estimator: must be one of ('grpo', 'dr_grpo', 'rloo')"),
+        (
+            "train.loss_agg=sum",
+            "train.loss_agg: must be one of ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum')",
+        ),
+        ("train.old_logprobs=fresh", "train.old_logprobs: must be one of ('sampled', 'recompute')"),
+        ("train.token_sum_norm=-1", "train.token_sum_norm: must be >= 0"),
+    ],
+)
+def test_update_switches_name_the_key_and_the_choices(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides=[override])
+    assert message in str(e.value)
+    cfg = load_config()  # the defaults are the paper's update
+    assert (cfg.train.adv_estimator, cfg.train.loss_agg, cfg.train.old_logprobs) == ("grpo", "token_mean", "sampled")

@@ -218,6 +218,40 @@ def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
         assert math.isclose(v, two["metrics"][k], rel_tol=1e-5, abs_tol=1e-9), k
 
 
+def _nan_on_rank_1(rank: int, folder: str) -> None:
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.training.train import update
+
+    _join(rank, folder)
+    try:
+        cfg = load_config(overrides=UPDATE)
+        policy = load_policy(cfg, banner=False)
+        _perturb(policy)
+        trajs, adv = _round(policy, cfg.train.tasks_per_step, cfg.rollout.group_size)
+        G = cfg.rollout.group_size
+        mine = [k * G + s for k in distributed.share(cfg.train.tasks_per_step) for s in range(G)]
+        if rank == 1:
+            adv[7] = float("nan")  # episode 7 is rank 1's, in mini-batch 1 (episodes 4-7): rank 0 never sees it
+        recorder = _Recorder(policy.trainable_parameters())
+        metrics = update(policy, recorder, _NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
+        torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    """Rank 1 alone has a NaN advantage in mini-batch 1: both ranks skip that step and take mini-batch 0's,
+    with the same gradient."""
+    mp.spawn(_nan_on_rank_1, args=(str(tmp_path),), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for r in ranks:
+        assert r["metrics"]["losses/optimizer_steps"] == 1 and r["metrics"]["losses/skipped_steps"] == 1
+        assert len(r["grads"]) == 1
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["grads"][0], ranks[1]["grads"][0], strict=True))
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+
+
 # --- the command line under torchrun ---------------------------------------------------------------------------
 
 RECIPE = {

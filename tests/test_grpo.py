@@ -6,10 +6,14 @@ import pytest
 import torch
 
 from seal_mini.config import DEFAULT_RHO
+from seal_mini.core import grpo
 from seal_mini.core.grpo import (
+    KL_CLAMP,
+    LOG_RATIO_CLAMP,
     diagnostic_weights,
     ema_rho,
     group_advantages,
+    loss_divisors,
     policy_loss,
     weighted_advantages,
 )
@@ -269,3 +273,162 @@ def test_ema_rho_takes_the_diagnosers_profile_with_absent_labels():
     assert rho["spurious_tool_call"] == DEFAULT_RHO["spurious_tool_call"]
     # state_mismatch: 1 of 4 turns, success 0, count 1 -> target 1.0 * (1 + 0.25 * 1 * 1/32)
     assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * (1 + 0.25 / 32))
+
+
+# --- the other advantage estimators (train.adv_estimator) -----------------------------------------
+
+
+def test_dr_grpo_advantages_by_hand():
+    # r - mean, no std: [1, 0, 0, 0] has mean 0.25 -> 0.75, -0.25 x3; [1, 1, 0, 0] mean 0.5 -> +-0.5.
+    adv, m = group_advantages([1, 0, 0, 0, 1, 1, 0, 0], 4, estimator="dr_grpo")
+    assert adv.tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5], abs=1e-7)
+    assert m["adv/abs_mean"] == pytest.approx((0.75 + 3 * 0.25 + 4 * 0.5) / 8)
+    # Rewards [0.5, 1, 0]: mean 0.5 -> 0, 0.5, -0.5 (GRPO divides these by std 0.5: 0, 1, -1).
+    adv, _ = group_advantages([0.5, 1.0, 0.0], 3, eps=0.0, estimator="dr_grpo")
+    assert adv.tolist() == pytest.approx([0.0, 0.5, -0.5], abs=1e-7)
+    adv, _ = group_advantages([0.5, 1.0, 0.0], 3, eps=0.0, estimator="grpo")
+    assert adv.tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-6)
+
+
+def test_rloo_advantages_by_hand():
+    # Leave-one-out: r_j - mean of the other G-1. [1, 0, 0, 0]: 1 - 0/3 = 1; 0 - 1/3 = -1/3 (x3).
+    # [1, 1, 0, 0]: 1 - (1 + 0 + 0)/3 = 2/3; 0 - (1 + 1 + 0)/3 = -2/3.
+    adv, _ = group_advantages([1, 0, 0, 0, 1, 1, 0, 0], 4, estimator="rloo")
+    expected = [1.0, -1 / 3, -1 / 3, -1 / 3, 2 / 3, 2 / 3, -2 / 3, -2 / 3]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    # [0.5, 1, 0]: 0.5 - (1 + 0)/2 = 0; 1 - (0.5 + 0)/2 = 0.75; 0 - (0.5 + 1)/2 = -0.75.
+    adv, _ = group_advantages([0.5, 1.0, 0.0], 3, estimator="rloo")
+    assert adv.tolist() == pytest.approx([0.0, 0.75, -0.75], abs=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_every_estimator_gives_flat_groups_exactly_zero_and_keeps_weight_signs(estimator):
+    adv, m = group_advantages([1, 1, 0, 0, 0.3, 0.3, 1, 0], 2, estimator=estimator)
+    assert adv[:6].tolist() == [0.0] * 6 and m["adv/flat_group_frac"] == 3 / 4
+    assert float(adv[6]) > 0 > float(adv[7])
+    # the diagnostic weight multiplies afterwards and never flips a sign
+    weighted = weighted_advantages(adv, torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 0.5]))
+    assert float(weighted[6]) == pytest.approx(2 * float(adv[6])) and float(weighted[7]) < 0
+
+
+def test_unknown_estimator_and_incomplete_tables_are_refused(monkeypatch):
+    with pytest.raises(AssertionError, match="unknown estimator 'ppo'"):
+        group_advantages([1, 0], 2, estimator="ppo")
+    # a choice the config lists but the table lacks fails at import, naming both places
+    monkeypatch.setattr(grpo, "ADVANTAGE_ESTIMATORS", {"grpo": grpo.grpo_advantages})
+    with pytest.raises(ImportError, match="ADVANTAGE_ESTIMATORS holds \\['grpo'\\] but seal_mini.config lists"):
+        grpo._check_tables()
+
+
+# --- loss aggregation (train.loss_agg) ------------------------------------------------------------
+
+
+def _two_sequences():
+    """Sequence 0: 3 sampled tokens, A = +1; sequence 1: 1 sampled token, A = -2; ratio 1 everywhere, so
+    each token's surrogate is -A: -1 on sequence 0's tokens, +2 on sequence 1's."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5, 0.0], [0.0, -1.5, 0.0, 0.0]], requires_grad=True)
+    old = logp.detach().clone()
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 0, 0]])
+    return logp, old, torch.tensor([1.0, -2.0]), mask
+
+
+@pytest.mark.parametrize(
+    "loss_agg, norm, value, grad_0, grad_1",
+    [
+        # (-1 * 3 + 2 * 1) / 4 tokens = -0.25; d/dlogp = -A / 4: -0.25 and +0.5
+        ("token_mean", 1.0, -0.25, -1 / 4, 2 / 4),
+        # ((-3) / 3 + 2 / 1) / 2 sequences = 0.5; d/dlogp = -A / (2 * n_i): -1/6 and +1
+        ("seq_mean_token_mean", 1.0, 0.5, -1 / 6, 1.0),
+        # ((-3) + 2) / 2 sequences = -0.5; d/dlogp = -A / 2: -0.5 and +1
+        ("seq_mean_token_sum", 1.0, -0.5, -1 / 2, 1.0),
+        # the same with every token sum divided by the constant 4: -0.125; -1/8 and +1/4
+        ("seq_mean_token_sum", 4.0, -0.125, -1 / 8, 1 / 4),
+    ],
+)
+def test_loss_aggregations_by_hand(loss_agg, norm, value, grad_0, grad_1):
+    logp, old, adv, mask = _two_sequences()
+    divisors = loss_divisors(mask, loss_agg, n_tokens=4, n_sequences=2, token_sum_norm=norm)
+    loss, m = policy_loss(logp, old, None, adv, mask, 0.2, 0.0, num_tokens=4, divisors=divisors)
+    assert loss.item() == pytest.approx(value, abs=1e-7)
+    assert m["losses/pg_loss"] == pytest.approx(value, abs=1e-7)
+    assert m["losses/ratio_mean"] == 1.0 and m["losses/tokens"] == 4.0  # diagnostics: token means
+    loss.backward()
+    expected = torch.tensor([[grad_0, grad_0, grad_0, 0.0], [0.0, grad_1, 0.0, 0.0]])
+    assert torch.allclose(logp.grad, expected, atol=1e-7)
+
+
+def test_token_mean_divisors_are_the_default():
+    logp, old, adv, mask = _two_sequences()
+    plain, _ = policy_loss(logp, old, None, adv, mask, 0.2, 0.0, num_tokens=4)
+    divided, _ = policy_loss(logp, old, None, adv, mask, 0.2, 0.0, 4, loss_divisors(mask, "token_mean", 4, 2))
+    assert plain.item() == divided.item() == pytest.approx(-0.25)
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_every_aggregation_is_exact_under_gradient_accumulation(loss_agg):
+    # Three sequences of 3, 1 and 2 sampled tokens, one micro-batch each, divided by the mini-batch's
+    # counts (6 tokens, 3 sequences): the parts add up to the whole, in value, gradient and metrics.
+    torch.manual_seed(0)
+    logp = torch.randn(3, 4)
+    old = logp + 0.1 * torch.randn(3, 4)
+    ref = logp + 0.1 * torch.randn(3, 4)
+    adv = torch.tensor([0.7, -1.3, 0.4])
+    mask = torch.tensor([[0, 1, 1, 1], [0, 0, 1, 0], [0, 1, 0, 1]])
+
+    full_lp = logp.clone().requires_grad_(True)
+    full, full_m = policy_loss(full_lp, old, ref, adv, mask, 0.2, 0.05, 6, loss_divisors(mask, loss_agg, 6, 3, 5.0))
+    full.backward()
+    micro_lp = logp.clone().requires_grad_(True)
+    total, summed = 0.0, {}
+    for i in range(3):
+        rows = slice(i, i + 1)
+        divisors = loss_divisors(mask[rows], loss_agg, 6, 3, 5.0)
+        part, part_m = policy_loss(micro_lp[rows], old[rows], ref[rows], adv[rows], mask[rows], 0.2, 0.05, 6, divisors)
+        part.backward()
+        total += part.item()
+        for k, v in part_m.items():
+            summed[k] = summed.get(k, 0.0) + v
+    assert total == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(micro_lp.grad, full_lp.grad, atol=1e-6)
+    for k, v in full_m.items():
+        assert summed[k] == pytest.approx(v, abs=1e-6), k
+
+
+def test_loss_divisors_refuse_unknown_names():
+    with pytest.raises(AssertionError, match="unknown loss_agg 'sum'"):
+        loss_divisors(torch.ones(1, 2), "sum", 2, 1)
+
+
+# --- clamps (as verl's) ---------------------------------------------------------------------------
+
+
+def test_log_ratio_is_clamped_before_exp():
+    # log pi - log pi_old = 30 is clamped to 20: ratio e^20 = 485165195.41 instead of e^30 = 1.07e13.
+    # A = -1: max(-A * e^20, -A * 1.2) = e^20 over 1 token; beyond the clamp there is no gradient.
+    assert LOG_RATIO_CLAMP == 20.0
+    logp = torch.tensor([[30.0]], requires_grad=True)
+    loss, m = policy_loss(logp, torch.zeros(1, 1), None, torch.tensor([-1.0]), torch.ones(1, 1), 0.2, 0.0)
+    assert loss.item() == pytest.approx(485165195.41, rel=1e-6)
+    assert m["losses/ratio_mean"] == pytest.approx(485165195.41, rel=1e-6)
+    assert m["losses/approx_kl"] == pytest.approx(485165195.41 - 1 - 20, rel=1e-6)  # (ratio - 1) - log ratio
+    loss.backward()
+    assert logp.grad.item() == 0.0
+    # inside the clamp nothing changes: log ratio 2, A = -1 -> e^2 = 7.389056, gradient e^2
+    logp = torch.tensor([[2.0]], requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(1, 1), None, torch.tensor([-1.0]), torch.ones(1, 1), 0.2, 0.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(7.389056, abs=1e-5) and logp.grad.item() == pytest.approx(7.389056, abs=1e-5)
+
+
+def test_k3_kl_is_clamped():
+    # d = log pi_ref - log pi per token: 3 -> e^3 - 3 - 1 = 16.0855 -> 10; 2 -> e^2 - 2 - 1 = 4.389056 (kept);
+    # 30 -> clamped to 20 before exp, then 10. Mean over 3 tokens: (10 + 4.389056 + 10) / 3 = 8.129685.
+    assert KL_CLAMP == 10.0
+    logp = torch.zeros(1, 3, requires_grad=True)
+    ref = torch.tensor([[3.0, 2.0, 30.0]])
+    loss, m = policy_loss(logp, torch.zeros(1, 3), ref, torch.tensor([0.0]), torch.ones(1, 3), 0.2, 0.1)
+    assert m["losses/kl_ref"] == pytest.approx(8.129685, abs=1e-5)
+    assert loss.item() == pytest.approx(0.1 * 8.129685, abs=1e-6)
+    loss.backward()
+    # only the unclamped token has a gradient: d/dlogp (e^d - d - 1) = 1 - e^d = -6.389056, x 0.1 / 3 tokens
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.2129685, 0.0]]), atol=1e-6)

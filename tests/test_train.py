@@ -1,5 +1,6 @@
 """The training loop: the policy gradient learns, resume is exact, the loop's helpers behave."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from seal_mini.engine.rollout import run_rollouts
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import Verdict
-from seal_mini.runio import read_metrics
+from seal_mini.runio import read_jsonl_gz, read_metrics
 from seal_mini.training import train as train_module
 
 TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
@@ -203,3 +204,273 @@ def test_update_switched_off_leaves_the_adapter_as_it_started(tmp_path, monkeypa
     lora_b = [k for k in adapters[False] if "lora_B" in k]
     assert lora_b and all(torch.equal(adapters[False][k], torch.zeros_like(adapters[False][k])) for k in lora_b)
     assert any(not torch.equal(adapters[True][k], torch.zeros_like(adapters[True][k])) for k in lora_b)
+
+
+# --- the update's switches and guards -------------------------------------------------------------------
+
+UPDATE = TINY + [
+    "rollout.group_size=2",
+    "train.tasks_per_step=4",
+    "train.mini_batch_tasks=2",
+    "train.micro_batch=1",
+    "train.kl_coef=0.01",
+    "train.lr=0.01",
+]
+
+
+class Recorder:
+    """An optimizer that records the gradient each step would apply (and applies nothing)."""
+
+    def __init__(self, params):
+        self.params, self.grads = params, []
+
+    def step(self):
+        self.grads.append([p.grad.clone() for p in self.params])
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+
+def _update_policy(overrides=()):
+    """The tiny policy with every trainable weight moved off its start (LoRA B starts at 0), the same each call."""
+    cfg = load_config(overrides=[*UPDATE, *overrides])
+    torch.manual_seed(0)
+    policy = load_policy(cfg, banner=False)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return cfg, policy
+
+
+def _made_up_round(policy, n: int = 8):
+    """n made-up trajectories (random tokens, 20 + 7i long, ~60% of them sampled) and advantages, from a seed."""
+    from seal_mini.engine.rollout import Trajectory
+
+    g = torch.Generator().manual_seed(1)
+    trajs = []
+    for i in range(n):
+        length = 20 + 7 * i
+        mask = [0] * 6 + [int(x) for x in (torch.rand(length - 6, generator=g) < 0.6)]
+        old = [float(-8 + torch.randn(1, generator=g)) if m else 0.0 for m in mask]
+        ids = torch.randint(0, len(policy.tokenizer), (length,), generator=g).tolist()
+        trajs.append(Trajectory(f"t{i // 2}", None, ids, mask, old, 6, False, [], []))
+    return trajs, torch.randn(n, generator=g)
+
+
+def _weights(policy):
+    return [p.detach().clone() for p in policy.trainable_parameters()]
+
+
+def _no_schedule(optimizer):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+
+
+class NoSchedule:
+    def step(self):
+        pass
+
+    def get_last_lr(self):
+        return [0.0]
+
+
+def test_a_non_finite_loss_skips_its_step_and_only_its_step(capsys):
+    # Mini-batch 1 (trajectories 4-7) gets a NaN advantage: its loss is NaN. The update takes mini-batch 0's
+    # step only, exactly the step an update of mini-batch 0 alone takes, counts the skip and says so.
+    cfg, policy = _update_policy()
+    trajs, adv = _made_up_round(policy)
+    adv[5] = float("nan")
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    m = train_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
+    assert m["losses/optimizer_steps"] == 1 and m["losses/skipped_steps"] == 1
+    assert all(math.isfinite(v) for v in m.values())  # the skipped mini-batch is left out of the averages
+    assert "mini-batch 1 has a non-finite loss (nan)" in capsys.readouterr().err
+    assert all(p.grad is None for p in policy.trainable_parameters())  # its gradients are gone
+
+    cfg_alone, alone = _update_policy()
+    optimizer_alone = torch.optim.AdamW(alone.trainable_parameters(), lr=cfg.train.lr)
+    m_alone = train_module.update(alone, optimizer_alone, _no_schedule(optimizer_alone), trajs[:4], adv[:4], cfg_alone)
+    assert m_alone["losses/optimizer_steps"] == 1 and m_alone["losses/skipped_steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(_weights(policy), _weights(alone), strict=True))
+    assert optimizer.state_dict()["state"][0]["step"] == 1  # AdamW moved once
+
+
+def test_a_non_finite_gradient_skips_every_step_and_the_weights_stay():
+    # A finite loss whose gradient is NaN in one tensor (a hook poisons it): the gradient norm is NaN, so
+    # no mini-batch takes its step and not one weight moves.
+    cfg, policy = _update_policy()
+    trajs, adv = _made_up_round(policy)
+    params = policy.trainable_parameters()
+    params[0].register_hook(lambda grad: grad * float("nan"))
+    before = _weights(policy)
+    optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
+    scheduler = _no_schedule(optimizer)
+    m = train_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
+    assert m["losses/optimizer_steps"] == 0 and m["losses/skipped_steps"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, _weights(policy), strict=True))
+    assert scheduler.last_epoch == 0 and optimizer.state_dict()["state"] == {}
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"])
+def test_every_aggregation_gives_one_gradient_whatever_the_micro_batch(loss_agg):
+    # The update divides by the counts of the whole mini-batch, so one sequence per forward or all of them
+    # at once take the same step (a per-micro-batch count would weigh the sequences otherwise).
+    grads = {}
+    for micro_batch in (1, 4):
+        cfg, policy = _update_policy([f"train.loss_agg={loss_agg}", f"train.micro_batch={micro_batch}"])
+        trajs, adv = _made_up_round(policy)
+        recorder = Recorder(policy.trainable_parameters())
+        train_module.update(
+            policy, recorder, _no_schedule(torch.optim.SGD(policy.trainable_parameters())), trajs, adv, cfg
+        )
+        grads[micro_batch] = recorder.grads
+    assert len(grads[1]) == len(grads[4]) == 2
+    for ours, theirs in zip(grads[1], grads[4], strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.abs().max() > 0
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6 * float(a.abs().max()))
+
+
+def _sampled_round(cfg, policy):
+    """A round of real rollouts (the one-message toy task), so the old log-probs are the sampler's."""
+    envs = [OneShot(i) for i in range(cfg.train.tasks_per_step) for _ in range(cfg.rollout.group_size)]
+    trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, 0)
+    return trajs, torch.linspace(-1.0, 1.0, len(trajs))
+
+
+FIRST_RATIO = [
+    "rollout.max_new_tokens=4",
+    "rollout.group_size=4",
+    "train.lr=0.05",
+    "train.kl_coef=0.0",
+    "lora.target_modules=[q_proj,v_proj,lm_head]",
+]
+
+
+def test_first_mini_batch_ratio_is_logged_and_is_exactly_one_with_recomputed_old_logprobs(monkeypatch):
+    seen = []
+    real_loss = train_module.policy_loss
+
+    def spy(logprobs, old_logprobs, *args):
+        seen.append((logprobs.detach().clone(), old_logprobs.clone(), args[2].bool()))  # args[2]: loss_mask
+        return real_loss(logprobs, old_logprobs, *args)
+
+    metrics = {}
+    for old, micro_batch in (("sampled", 8), ("recompute", 8), ("recompute", 2)):
+        cfg, policy = _update_policy([*FIRST_RATIO, f"train.old_logprobs={old}", f"train.micro_batch={micro_batch}"])
+        trajs, adv = _sampled_round(cfg, policy)
+        optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+        seen.clear()
+        monkeypatch.setattr(train_module, "policy_loss", spy)
+        metrics[old, micro_batch] = train_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
+        monkeypatch.setattr(train_module, "policy_loss", real_loss)
+        if old == "recompute":  # every micro-batch of the first mini-batch: the same numbers, to the last bit
+            first = seen[: 8 // micro_batch]
+            assert all(torch.equal(logp[mask], o[mask]) for logp, o, mask in first)
+            assert not torch.equal(seen[-1][0][seen[-1][2]], seen[-1][1][seen[-1][2]])  # the policy moved since
+    print(
+        {
+            k: (v["losses/first_ratio_mean"], v["losses/first_approx_kl"], v["losses/ratio_mean"])
+            for k, v in metrics.items()
+        }
+    )
+    # the sampler's log-probs (KV cache, other batch shapes) match the training forward's within float error on CPU
+    sampled = metrics["sampled", 8]
+    assert abs(sampled["losses/first_ratio_mean"] - 1.0) < 1e-4 and abs(sampled["losses/first_approx_kl"]) < 1e-8
+    recomputed = metrics["recompute", 8]  # one micro-batch per mini-batch: the token mean of exact ones
+    assert recomputed["losses/first_ratio_mean"] == 1.0 and recomputed["losses/first_approx_kl"] == 0.0
+    assert recomputed["losses/ratio_mean"] != 1.0  # the average over mini-batches is another number
+    assert metrics["recompute", 2]["losses/first_approx_kl"] == 0.0
+    assert metrics["recompute", 2]["losses/first_ratio_mean"] == pytest.approx(1.0, abs=1e-12)
+
+    # old log-probs that are not the policy's (made up: about -8 per token): sampled keeps them, recompute
+    # replaces them with the policy's own
+    for old in ("sampled", "recompute"):
+        cfg, policy = _update_policy([f"train.old_logprobs={old}", "train.micro_batch=4"])
+        trajs, adv = _made_up_round(policy)
+        m = train_module.update(policy, Recorder(policy.trainable_parameters()), NoSchedule(), trajs, adv, cfg)
+        metrics[old, "made up"] = m
+    print(
+        {
+            old: (metrics[old, "made up"]["losses/first_ratio_mean"], metrics[old, "made up"]["losses/first_approx_kl"])
+            for old in ("sampled", "recompute")
+        }
+    )
+    assert abs(metrics["sampled", "made up"]["losses/first_ratio_mean"] - 1.0) > 0.01
+    assert metrics["sampled", "made up"]["losses/first_approx_kl"] > 0.01
+    assert metrics["recompute", "made up"]["losses/first_ratio_mean"] == 1.0
+    assert metrics["recompute", "made up"]["losses/first_approx_kl"] == 0.0
+
+
+def test_non_finite_weights_are_never_saved_nor_resumed_from(tmp_path):
+    from safetensors.torch import save_file
+
+    from seal_mini.config import ConfigError
+    from seal_mini.runio import FileError
+
+    cfg, policy = _update_policy()
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    scheduler = _no_schedule(optimizer)
+    train_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, train_module.LoopState(step=1))
+    saved = tmp_path / "checkpoint" / "step_0001" / "adapter" / "adapter_model.safetensors"
+    weights = load_file(str(saved))
+    name = sorted(weights)[0]
+    weights[name][0, 0] = float("inf")
+    save_file(weights, str(saved))  # a checkpoint that got a non-finite tensor anyway
+    with pytest.raises(FileError, match=f"{saved}: 1 tensors hold NaN or inf \\(first: {name}\\)"):
+        train_module.load_checkpoint(saved.parents[1], policy, optimizer, scheduler)
+
+    with torch.no_grad():
+        policy.trainable_parameters()[3][0, 0] = float("nan")
+    with pytest.raises(ConfigError, match="checkpoint of step 2: not saved, 1 trained tensors hold NaN or inf"):
+        train_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, train_module.LoopState(step=2))
+    assert [p.name for p in train_module.checkpoints(tmp_path)] == ["step_0001"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step_0001"]  # no half-written one
+
+
+def test_the_loop_logs_a_skipped_step_and_wires_the_switches(tmp_path, monkeypatch, capsys):
+    """A run whose step 1 has a NaN loss: the step is logged with its skips and its weights do not move (the
+    checkpoints of steps 1 and 2 hold the same adapter). The same run uses rloo advantages, recomputed old
+    log-probs and the seq_mean_token_sum aggregation, and its rows show the first two."""
+    monkeypatch.setattr(train_module, "score", fake_score)
+    updates = []
+    real_update, real_loss = train_module.update, train_module.policy_loss
+
+    def count_updates(*args, **kwargs):
+        updates.append(1)
+        return real_update(*args, **kwargs)
+
+    def nan_in_step_1(*args):
+        loss, metrics = real_loss(*args)
+        if len(updates) == 2:
+            return loss * float("nan"), {**metrics, "losses/loss": float("nan")}
+        return loss, metrics
+
+    monkeypatch.setattr(train_module, "update", count_updates)
+    monkeypatch.setattr(train_module, "policy_loss", nan_in_step_1)
+    switches = ["train.adv_estimator=rloo", "train.old_logprobs=recompute", "train.loss_agg=seq_mean_token_sum"]
+    cfg = load_config(overrides=RESUME + switches + [f"out_dir={tmp_path}", "name=nan", "train.steps=2"])
+    train_module.train(cfg)
+
+    rows = read_metrics(cfg.run_dir)
+    assert [r["losses/skipped_steps"] for r in rows] == [0, 2]
+    assert [r["losses/optimizer_steps"] for r in rows] == [2, 0]
+    assert "losses/loss" in rows[0] and "losses/loss" not in rows[1]  # the averages leave skipped steps out
+    assert all(math.isfinite(v) for r in rows for k, v in r.items() if k.startswith("losses/"))
+    assert "mini-batch 0 has a non-finite loss (nan)" in capsys.readouterr().err
+    adapter = "adapter/adapter_model.safetensors"
+    one, two = (load_file(str(cfg.run_dir / "checkpoint" / f"step_000{s}" / adapter)) for s in (1, 2))
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    final = load_file(str(cfg.run_dir / adapter))
+    assert all(torch.equal(one[k], final[k]) for k in one)
+
+    # recomputed old log-probs: the first mini-batch (one micro-batch of 2 sequences) has ratio exactly 1
+    assert rows[0]["losses/first_ratio_mean"] == 1.0 and rows[0]["losses/first_approx_kl"] == 0.0
+    # rloo with groups of 2: A_j = r_j - r_other, times the diagnostic weight
+    for step in range(2):
+        traj = read_jsonl_gz(cfg.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz")
+        for a, b in zip(traj[::2], traj[1::2], strict=True):
+            assert a["advantage"] == pytest.approx(a["weight"] * (a["reward"] - b["reward"]), abs=1e-6)
+            assert b["advantage"] == pytest.approx(b["weight"] * (b["reward"] - a["reward"]), abs=1e-6)
+    assert any(r["reward"] != 0 for r in traj)

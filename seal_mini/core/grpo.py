@@ -3,12 +3,15 @@
 How this differs from textbook GRPO (paper, section "the loop", steps 5-7):
 1. Advantages are group-relative per task, A_j = (r_j - mean_g) / (std_g + eps), with the
    Bessel-corrected std (torch.std's default, the one verl's GRPO uses). A group whose rewards are
-   all equal carries no signal: its advantages are exactly 0 (never 0/0).
+   all equal carries no signal: its advantages are exactly 0 (never 0/0). Two other estimators are a
+   config key away (train.adv_estimator, table ADVANTAGE_ESTIMATORS): dr_grpo and rloo.
 2. Each advantage is scaled by a diagnostic weight w_j = clip(sum_z p_j(z) rho(z), w_min, w_max) > 0,
    where p_j(z) is the share of trajectory j's turns labelled z. The weight is positive, so the
    verifier alone decides the sign; the diagnosis only decides how loud the signal is.
 3. The loss is the PPO clipped surrogate, a token-mean over the tokens the model sampled
-   (loss_mask), plus a k3 KL term to the reference policy; no entropy bonus.
+   (loss_mask), plus a k3 KL term to the reference policy; no entropy bonus. Two other aggregations
+   are a config key away (train.loss_agg, table LOSS_AGGREGATIONS). The log-ratios are clamped
+   before exp and the k3 term after it, as verl does (LOG_RATIO_CLAMP, KL_CLAMP).
 
 Every function returns (value, metrics) where metrics are plain floats with namespaced keys
 (`adv/...`, `weights/...`, `rho/...`, `losses/...`), ready for metrics.jsonl.
@@ -16,9 +19,12 @@ Every function returns (value, metrics) where metrics are plain floats with name
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+
+from seal_mini.config import ADV_ESTIMATORS
+from seal_mini.config import LOSS_AGGREGATIONS as LOSS_AGGREGATION_NAMES
 
 PROFILE_KEYS = ("count", "prevalence", "success_rate")
 """Fields every label entry of a failure profile C_t must carry."""
@@ -38,8 +44,41 @@ def _group_index(n: int, group_ids) -> torch.Tensor:
     return ids
 
 
-def group_advantages(rewards, group_ids, eps: float = 1e-6) -> tuple[torch.Tensor, dict]:
-    """A_j = (r_j - mean_g) / (std_g + eps) within each task group; all-equal groups get exactly 0."""
+# --- LEARNER EDIT POINT: advantage estimators ----------------------------------------------------
+# Each maps the rewards of one task group, r (G,) with G >= 2 and not all equal, to advantages (G,).
+# A new estimator is one function here, one entry in ADVANTAGE_ESTIMATORS and its name in
+# config.ADV_ESTIMATORS; then train.adv_estimator=NAME picks it.
+
+
+def grpo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """GRPO (the paper): (r_j - mean) / (std + eps), Bessel-corrected std."""
+    return (r - r.mean()) / (r.std(correction=1) + eps)
+
+
+def dr_grpo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """Dr. GRPO: r_j - mean. Without the std division a group with little spread (nearly all succeed, or
+    nearly all fail) is not amplified to the loudness of one split half and half."""
+    return r - r.mean()
+
+
+def rloo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
+    """RLOO: r_j minus the mean of the other G-1 rewards of the group (a baseline that excludes j itself);
+    equal to G / (G-1) * (r_j - mean)."""
+    others_mean = (r.sum() - r) / (r.numel() - 1)  # (G,)
+    return r - others_mean
+
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "grpo": grpo_advantages,
+    "dr_grpo": dr_grpo_advantages,
+    "rloo": rloo_advantages,
+}
+
+
+def group_advantages(rewards, group_ids, eps: float = 1e-6, estimator: str = "grpo") -> tuple[torch.Tensor, dict]:
+    """Group-relative advantages per task group (default GRPO's (r_j - mean_g) / (std_g + eps)); groups of
+    one or of all-equal rewards get exactly 0 whatever the estimator."""
+    assert estimator in ADVANTAGE_ESTIMATORS, f"unknown estimator {estimator!r}; known: {list(ADVANTAGE_ESTIMATORS)}"
     r = _as_float_tensor(rewards)  # (N,)
     assert r.dim() == 1, f"rewards must be 1-D (N,), got shape {tuple(r.shape)}"
     assert torch.isfinite(r).all(), "rewards contain NaN or inf"
@@ -55,7 +94,7 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6) -> tuple[torch.Tenso
         if r_g.numel() < 2 or bool((r_g == r_g[0]).all()):
             flat_groups += 1
             continue
-        adv[members] = (r_g - r_g.mean()) / (r_g.std(correction=1) + eps)
+        adv[members] = ADVANTAGE_ESTIMATORS[estimator](r_g, eps)
     metrics = {
         "adv/zero_frac": float((adv == 0).float().mean()) if r.numel() else 0.0,
         "adv/flat_group_frac": flat_groups / max(len(groups), 1),
@@ -131,6 +170,58 @@ def ema_rho(
     return new, metrics
 
 
+# --- the loss -------------------------------------------------------------------------------------
+
+LOG_RATIO_CLAMP = 20.0
+"""|log pi - log pi_old| and |log pi_ref - log pi| are clamped to this before exp, as verl does: exp(20) is
+about 4.9e8, finite in float32 and bf16, while a log-ratio that has run away (a token the sampler drew at
+a probability the training forward puts near 0) would overflow to inf and turn the loss into NaN."""
+KL_CLAMP = 10.0
+"""The per-token k3 KL term is clamped to [-KL_CLAMP, KL_CLAMP], as verl's low_var_kl is: one token far
+from the reference cannot dominate the loss (k3 >= 0, so only the upper bound can bite)."""
+
+# Each aggregation maps, per sequence, (its loss-token count n_i (B,), the mini-batch's loss tokens N,
+# the mini-batch's sequences S, token_sum_norm) to the divisor of that sequence's token sum of the loss.
+# The mini-batch's loss is then sum_i sum_t loss_it / divisor_i, whatever micro-batches (and ranks) the
+# sequences are spread over, since N and S are the whole mini-batch's counts.
+
+
+def _token_mean(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
+    """(1 / N) sum over every loss token of the mini-batch: each token weighs the same (the paper)."""
+    return torch.full_like(n_i, n_tokens)
+
+
+def _seq_mean_token_mean(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
+    """(1 / S) sum_i (1 / n_i) sum_t: each sequence weighs the same, a short one's tokens more than a long one's."""
+    return n_sequences * n_i.clamp(min=1.0)  # a sequence without loss tokens adds 0, never 0/0
+
+
+def _seq_mean_token_sum(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
+    """(1 / S) sum_i (1 / norm) sum_t: a constant per sequence (Dr. GRPO), so a long sequence weighs more."""
+    return torch.full_like(n_i, n_sequences * norm)
+
+
+LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, float, float, float], torch.Tensor]] = {
+    "token_mean": _token_mean,
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "seq_mean_token_sum": _seq_mean_token_sum,
+}
+
+
+def loss_divisors(
+    loss_mask: torch.Tensor, loss_agg: str, n_tokens: float, n_sequences: float, token_sum_norm: float = 1.0
+) -> torch.Tensor:
+    """(B,) what each sequence's token sum of the loss is divided by; pass it to policy_loss as `divisors`.
+
+    n_tokens and n_sequences are the counts of the WHOLE mini-batch (over its micro-batches, and summed
+    over the ranks), so the micro-batch losses add up to the mini-batch's aggregate however it is split."""
+    assert loss_agg in LOSS_AGGREGATIONS, f"unknown loss_agg {loss_agg!r}; known: {list(LOSS_AGGREGATIONS)}"
+    assert loss_mask.dim() == 2, f"loss_mask must be (B, T), got {tuple(loss_mask.shape)}"
+    assert n_tokens > 0 and n_sequences > 0 and token_sum_norm > 0
+    n_i = loss_mask.float().sum(-1)  # (B,)
+    return LOSS_AGGREGATIONS[loss_agg](n_i, float(n_tokens), float(n_sequences), float(token_sum_norm))
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -140,6 +231,7 @@ def policy_loss(
     clip_ratio: float,
     kl_coef: float,
     num_tokens: float | None = None,
+    divisors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """PPO clipped surrogate + kl_coef * k3 KL to the reference, summed over loss_mask / num_tokens.
 
@@ -148,10 +240,14 @@ def policy_loss(
     call and do not divide again: the micro-batch losses then add up to the token-mean over the
     mini-batch, whatever the split (dividing each micro-batch by its own token count would weight a
     short sequence's tokens more than a long one's). num_tokens=None uses this call's own count.
+    Another aggregation (train.loss_agg) passes `divisors` (B,) from loss_divisors: sequence i's token
+    sum of the loss is divided by divisors[i] instead of num_tokens.
 
     Every metric but losses/tokens is likewise a sum over this call's tokens divided by num_tokens,
     so summing a metric over the micro-batches of a mini-batch gives its token mean over the
-    mini-batch (losses/tokens is a plain count and sums to the mini-batch's count).
+    mini-batch (losses/tokens is a plain count and sums to the mini-batch's count). losses/loss,
+    losses/pg_loss and losses/kl_ref are the loss's own terms, so they follow `divisors` when given;
+    the diagnostics (ratio, approx_kl, clipfrac) stay token means whatever the aggregation.
 
     Positions where loss_mask is 0 may hold anything (log-probs are only computed where it is 1):
     they are zeroed before any exp, so they can never produce inf or NaN."""
@@ -169,22 +265,29 @@ def policy_loss(
     assert n > 0, "num_tokens must be > 0"
     logp = logprobs.float()  # (B, T)
     zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    if divisors is None:
+        token_weight = maskf / n  # (B, T): token-mean
+    else:
+        assert divisors.shape == (B,), f"divisors must be (B,) = ({B},), got {tuple(divisors.shape)}"
+        token_weight = maskf / divisors.float().to(logp.device)[:, None]  # (B, T)
 
     log_ratio = torch.where(mask, logp - old_logprobs.float(), zero)  # (B, T)
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # (B, T)
     adv = advantages.float().to(logp.device)[:, None]  # (B, 1): the sequence's advantage on each token
     pg_unclipped = -adv * ratio  # (B, T)
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)  # (B, T)
     pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T): the pessimistic of the two
-    pg_loss = (pg * maskf).sum() / n
+    pg_loss = (pg * token_weight).sum()
     loss = pg_loss
 
     kl_ref = torch.zeros((), device=logp.device)
     if ref_logprobs is not None:
         # k3 estimator of KL(pi || pi_ref): exp(d) - d - 1 with d = log pi_ref - log pi; >= 0, unbiased.
         d = torch.where(mask, ref_logprobs.float() - logp, zero)  # (B, T)
-        kl_tok = torch.exp(d) - d - 1.0  # (B, T)
-        kl_ref = (kl_tok * maskf).sum() / n
+        d = d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        kl_tok = (torch.exp(d) - d - 1.0).clamp(-KL_CLAMP, KL_CLAMP)  # (B, T)
+        kl_ref = (kl_tok * token_weight).sum()
         if kl_coef:
             loss = loss + kl_coef * kl_ref
 
@@ -202,3 +305,19 @@ def policy_loss(
             "losses/tokens": float(maskf.sum()),
         }
     return loss, metrics
+
+
+def _check_tables() -> None:
+    """The named choices of the config and the tables here must hold the same names (at import)."""
+    for what, table, names in (
+        ("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, ADV_ESTIMATORS),
+        ("LOSS_AGGREGATIONS", LOSS_AGGREGATIONS, LOSS_AGGREGATION_NAMES),
+    ):
+        if set(table) != set(names):
+            raise ImportError(
+                f"seal_mini.core.grpo.{what} holds {sorted(table)} but seal_mini.config lists {sorted(names)}: "
+                "a choice needs both its entry here and its name in the config"
+            )
+
+
+_check_tables()

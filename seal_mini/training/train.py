@@ -12,7 +12,10 @@ How this differs from textbook GRPO (one prompt, one completion, one reward):
 3. The interface exists only at training time. Evaluation runs the bare benchmark.
 4. LoRA on a (4-bit) frozen base; the KL reference is the same model with the adapter disabled.
 5. One pass over each round's data per mini-batch, so the sampling-time log-probs serve as the "old"
-   log-probs of the clipped ratio (no extra forward pass).
+   log-probs of the clipped ratio (no extra forward pass); train.old_logprobs: recompute takes them from
+   one no-grad forward of the training forward instead, so the first mini-batch's ratio is exactly 1.
+6. A mini-batch whose loss or gradient norm is not finite takes no optimizer step, and weights that
+   hold a NaN or an inf are never saved nor resumed from.
 
 The loop reads top to bottom in `train`: rollout -> reward -> diagnose -> advantage -> update ->
 evolve -> log -> evaluate -> checkpoint.
@@ -22,11 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import shutil
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -42,7 +46,14 @@ from seal_mini.config import (
     saved_config,
 )
 from seal_mini.core.diagnose import diagnose_turns, failure_profile, trajectory_profile
-from seal_mini.core.grpo import diagnostic_weights, ema_rho, group_advantages, policy_loss, weighted_advantages
+from seal_mini.core.grpo import (
+    diagnostic_weights,
+    ema_rho,
+    group_advantages,
+    loss_divisors,
+    policy_loss,
+    weighted_advantages,
+)
 from seal_mini.core.interface import Interface, InterfaceState, active_cues, evolve, initial_state
 from seal_mini.core.judge import judge_from_config
 from seal_mini.distributed import (
@@ -140,6 +151,16 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
     return ids.to(device), attention.to(device), mask.to(device), old.to(device)
 
 
+@dataclass(frozen=True)
+class MiniBatchCounts:
+    """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
+
+    tokens: int
+    """Loss tokens (loss_mask 1)."""
+    sequences: int
+    """Sequences with at least one loss token."""
+
+
 def update(
     policy,
     optimizer,
@@ -153,7 +174,11 @@ def update(
 
     `positions` says where each trajectory stands in the round (default: they are the round, in order).
     With several ranks each holds some of the round: it computes the gradients of its part of every
-    mini-batch, and the token count and the gradients are summed over the ranks before the step.
+    mini-batch, and the mini-batch's counts and the gradients are summed over the ranks before the step.
+
+    A mini-batch whose loss or gradient norm is not finite takes no step: its gradients are dropped, the
+    skip is counted (losses/skipped_steps) and printed, and the averages leave it out. Every rank sees the
+    same summed loss and gradient, and any rank's non-finite value skips the step on all of them.
 
     A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
     the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
@@ -162,55 +187,84 @@ def update(
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
     positions = list(range(len(trajectories))) if positions is None else positions
     round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
-    # policy_loss divides every micro-batch by its mini-batch's token count, so metric sums over one
+    # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
+    minis = [
+        [i for i, p in enumerate(positions) if start <= p < start + per_mini and any(trajectories[i].loss_mask)]
+        for start in range(0, round_size, per_mini)
+    ]
+    model.train()
+    if tc.old_logprobs == "recompute":  # the old log-probs of the current policy, before it takes a step
+        trajectories = recompute_old_logprobs(policy, trajectories, minis, cfg)
+    # policy_loss divides every micro-batch by its mini-batch's counts, so metric sums over one
     # mini-batch are that mini-batch's means; averaging over the optimizer steps gives the round's.
     sums: dict[str, float] = {}
-    steps = 0
-    model.train()
-    for start in range(0, round_size, per_mini):
-        # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
-        mini = [i for i, p in enumerate(positions) if start <= p < start + per_mini and any(trajectories[i].loss_mask)]
-        # token-mean over the whole mini-batch: every micro-batch divides by the same token count
-        n_tokens = all_reduce_sum(sum(sum(trajectories[i].loss_mask) for i in mini))
-        if n_tokens == 0:
+    first: dict[str, float] = {}
+    steps = skipped = 0
+    for k, mini in enumerate(minis):
+        counts = MiniBatchCounts(
+            tokens=all_reduce_sum(sum(sum(trajectories[i].loss_mask) for i in mini)),
+            sequences=all_reduce_sum(len(mini)),
+        )
+        if counts.tokens == 0:
             continue
-        mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
+        mine = [trajectories[i] for i in mini]
+        mini_sums = accumulate_gradients(policy, mine, advantages[mini], counts, cfg)
         while mini_sums is None:  # out of memory: the mini-batch again, from its start, smaller
             optimizer.zero_grad(set_to_none=True)  # the failed try's partial gradients go
             release_memory(policy.device)
             shrink_update(policy.limits, tc)
-            mini_sums = accumulate_gradients(policy, [trajectories[i] for i in mini], advantages[mini], n_tokens, cfg)
+            mini_sums = accumulate_gradients(policy, mine, advantages[mini], counts, cfg)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
-        for k, v in all_reduce_sums(mini_sums).items():
-            sums[k] = sums.get(k, 0.0) + v
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm)
+        mini_sums = all_reduce_sums(mini_sums)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tc.max_grad_norm))
+        if not first:  # the first mini-batch's ratio is exactly 1 with recomputed old log-probs
+            first = {
+                "losses/first_ratio_mean": mini_sums.get("losses/ratio_mean", 1.0),
+                "losses/first_approx_kl": mini_sums.get("losses/approx_kl", 0.0),
+            }
+        loss = mini_sums.get("losses/loss", 0.0)  # a rank without episodes here adds no key
+        if all_reduce_sum(int(not (math.isfinite(loss) and math.isfinite(grad_norm)))):
+            optimizer.zero_grad(set_to_none=True)  # the step is not taken: its gradients go
+            skipped += 1
+            if is_main():
+                print(
+                    f"[train] warning: mini-batch {k} has a non-finite loss ({loss}) or gradient norm ({grad_norm}); "
+                    "its optimizer step is skipped",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            continue
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + float(grad_norm)
+        for key, v in mini_sums.items():
+            sums[key] = sums.get(key, 0.0) + v
+        sums["losses/grad_norm"] = sums.get("losses/grad_norm", 0.0) + grad_norm
         steps += 1
     model.eval()
     out = {k: (v if k == "losses/tokens" else v / max(steps, 1)) for k, v in sums.items()}
+    out.update({key: v for key, v in first.items() if math.isfinite(v)})
     out["losses/optimizer_steps"] = steps
+    out["losses/skipped_steps"] = skipped
     out["losses/lr"] = scheduler.get_last_lr()[0]
     return out
 
 
 def accumulate_gradients(
-    policy, trajectories: list[Trajectory], advantages: torch.Tensor, n_tokens: int, cfg: Config
+    policy, trajectories: list[Trajectory], advantages: torch.Tensor, counts: MiniBatchCounts, cfg: Config
 ) -> dict[str, float] | None:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums,
     or None if the GPU ran out of memory (returning drops the failed try's tensors with its traceback)."""
     try:
-        return _accumulate(policy, trajectories, advantages, n_tokens, cfg)
+        return _accumulate(policy, trajectories, advantages, counts, cfg)
     except torch.OutOfMemoryError:
         return None
 
 
-def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor, n_tokens: int, cfg: Config):
-    model, tc, limits = policy.model, cfg.train, policy.limits
-    micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
-    chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)
+def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor, counts: MiniBatchCounts, cfg):
+    model, tc = policy.model, cfg.train
+    micro_batch, chunk = update_limits(policy.limits, tc)
+    token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
     sums: dict[str, float] = {}
     for m in range(0, len(trajectories), micro_batch):
         ids, attention, mask, old = collate(trajectories[m : m + micro_batch], policy.device)
@@ -220,21 +274,63 @@ def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor
                 ref = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
         logp = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
         micro_adv = advantages[m : m + micro_batch].to(policy.device)  # (b,)
-        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, n_tokens)
+        divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm)  # (b,)
+        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
         loss.backward()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
     return sums
 
 
+def recompute_old_logprobs(
+    policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config
+) -> list[Trajectory]:
+    """The trajectories with the current policy's log-probs as their old ones (train.old_logprobs: recompute).
+
+    One no-grad forward, in the mode (model.train()) and the micro-batches of the training forward, so the
+    first mini-batch's training forward computes the very same numbers and its ratio is exactly 1. Sampling
+    runs other kernels (a KV cache, left padding, bf16 or 4-bit no-grad paths on a GPU), so the log-probs it
+    recorded differ from the training forward's and would bias every ratio. Out of GPU memory: the shrunk
+    micro-batch or log-prob chunk, from the start."""
+    while True:
+        try:
+            return _recompute(policy, trajectories, minis, cfg)
+        except torch.OutOfMemoryError:
+            pass  # leaving the except block drops the failed try's tensors
+        release_memory(policy.device)
+        shrink_update(policy.limits, cfg.train)
+
+
+def _recompute(policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config) -> list[Trajectory]:
+    micro_batch, chunk = update_limits(policy.limits, cfg.train)
+    out = list(trajectories)
+    with torch.no_grad():
+        for mini in minis:
+            for m in range(0, len(mini), micro_batch):
+                part = mini[m : m + micro_batch]
+                ids, attention, mask, _ = collate([trajectories[i] for i in part], policy.device)
+                logp = token_logprobs(policy.model, ids, attention, mask, chunk).cpu()  # (b, T)
+                for row, i in enumerate(part):
+                    n = len(trajectories[i].input_ids)
+                    out[i] = replace(trajectories[i], old_logprobs=logp[row, :n].tolist())
+    return out
+
+
 MIN_LOGPROB_CHUNK = 32
 """Out of memory with one sequence per micro-batch: the log-prob chunk halves down to this."""
 
 
+def update_limits(limits: MemoryLimits, tc: TrainConfig) -> tuple[int, int]:
+    """(micro-batch, log-prob chunk) of the update: the config's, or smaller where out-of-memory errors shrank them."""
+    return (
+        min(tc.micro_batch, limits.micro_batch or tc.micro_batch),
+        min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk),
+    )
+
+
 def shrink_update(limits: MemoryLimits, tc: TrainConfig) -> None:
     """After an out-of-memory error in the update: halve the micro-batch, else the log-prob chunk; say so."""
-    micro_batch = min(tc.micro_batch, limits.micro_batch or tc.micro_batch)
-    chunk = min(tc.logprob_chunk, limits.logprob_chunk or tc.logprob_chunk)
+    micro_batch, chunk = update_limits(limits, tc)
     if micro_batch > 1:
         limits.micro_batch = micro_batch // 2
         what = f"train.micro_batch {micro_batch} -> {limits.micro_batch}"
@@ -274,9 +370,27 @@ def checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]), reverse=True)
 
 
+def nonfinite_tensors(tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the tensors that hold a NaN or an inf."""
+    return [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+
+
+def check_finite_weights(policy, what: str) -> None:
+    """Refuse to save weights that hold a NaN or an inf: a run must never continue from them."""
+    bad = nonfinite_tensors({n: p.detach() for n, p in policy.model.named_parameters() if p.requires_grad})
+    if bad:
+        raise ConfigError(
+            f"{what}: not saved, {len(bad)} trained tensors hold NaN or inf (first: {bad[0]}); the checkpoints "
+            "already on disk are kept. The run diverged: start it again (--restart) with a lower train.lr or "
+            "train.max_grad_norm"
+        )
+
+
 def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopState) -> None:
     """Adapter, optimizer, scheduler, RNG states and loop state as checkpoint/step_NNNN: written whole
-    under a temporary name and made durable before it gets its name; only then does the oldest go."""
+    under a temporary name and made durable before it gets its name; only then does the oldest go.
+    Weights that hold a NaN or an inf are refused (check_finite_weights)."""
+    check_finite_weights(policy, f"checkpoint of step {state.step}")
     with new_dir(run_dir / "checkpoint" / f"step_{state.step:04d}") as tmp:
         save_adapter(policy, tmp / "adapter")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
@@ -306,6 +420,12 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restor
     from peft import set_peft_model_state_dict
 
     weights = read_safetensors(path / "adapter" / "adapter_model.safetensors", fix)
+    bad = nonfinite_tensors(weights)
+    if bad:  # never continue from a diverged step (save_checkpoint refuses them; this file got them anyway)
+        raise FileError(
+            f"{path / 'adapter' / 'adapter_model.safetensors'}: {len(bad)} tensors hold NaN or inf "
+            f"(first: {bad[0]}); {fix}"
+        )
     set_peft_model_state_dict(policy.model, weights)
     optim = read_torch(path / "optim.pt", fix)
     optimizer.load_state_dict(optim["optimizer"])
@@ -531,7 +651,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
 
         # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
         group_ids = [i // G for i in range(len(episodes))]
-        adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps)
+        adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps, cfg.train.adv_estimator)
         if cfg.train.reweight and cfg.train.diagnose:
             shares = [trajectory_profile(z) for z in labels]
             weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
@@ -607,6 +727,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         )
     if is_main():
         tracker.close()
+        check_finite_weights(policy, f"{run_dir / 'adapter'}")
         with new_dir(run_dir / "adapter") as tmp:
             save_adapter(policy, tmp)
     return run_dir, policy
