@@ -134,3 +134,11 @@ def test_sampling_follows_the_distribution_and_skips_zero_mass_tokens():
     counts = torch.bincount(draws, minlength=6).float() / len(draws)
     assert counts[[0, 2, 5]].sum() == 0  # zero-mass tokens, first and last included, are never drawn
     assert torch.allclose(counts, probs, atol=0.015), counts.tolist()
+
+
+def test_right_pad_lays_rows_out_left_with_zeros_after_by_hand():
+    from seal_mini.engine.logprobs import right_pad
+
+    out = right_pad([[5, 6, 7], [8]], torch.long)
+    assert out.tolist() == [[5, 6, 7], [8, 0, 0]] and out.dtype == torch.long
+    assert right_pad([[0.5], [1.0, -2.0]], torch.float32).tolist() == [[0.5, 0.0], [1.0, -2.0]]

@@ -17,6 +17,15 @@ def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def right_pad(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
+    """Rows of different lengths -> (B, T), each row at the left, zeros after its end (T = longest row).
+    How the update and the warm start lay out a batch: ids, attention, loss_mask, old log-probs alike."""
+    out = torch.zeros(len(rows), max(len(r) for r in rows), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
 def _chunk_stats(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
     """(n, H) hidden states and (n,) next tokens -> (n, 2): log-prob of the token, entropy."""
     logits = head(hidden).float()  # (n, V)

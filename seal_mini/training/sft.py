@@ -41,7 +41,7 @@ from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, plan, turn_messages
 from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState
-from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import WARM_START, warm_start_dir
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
@@ -162,14 +162,9 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
 
 def sft_loss(model, demos: list[Demonstration], device, chunk: int) -> tuple[torch.Tensor, dict]:
     """Mean negative log-likelihood of the assistant tokens of a batch (right-padded)."""
-    length = max(len(d.input_ids) for d in demos)
-    ids = torch.zeros(len(demos), length, dtype=torch.long)
-    attention = torch.zeros_like(ids)
-    mask = torch.zeros(len(demos), length)
-    for i, d in enumerate(demos):
-        ids[i, : len(d.input_ids)] = torch.tensor(d.input_ids)
-        attention[i, : len(d.input_ids)] = 1
-        mask[i, : len(d.input_ids)] = torch.tensor(d.loss_mask, dtype=torch.float32)
+    ids = right_pad([d.input_ids for d in demos], torch.long)
+    attention = right_pad([[1] * len(d.input_ids) for d in demos], torch.long)
+    mask = right_pad([d.loss_mask for d in demos], torch.float32)
     ids, attention, mask = ids.to(device), attention.to(device), mask.to(device)
     logp = token_logprobs(model, ids, attention, mask, chunk)  # (B, T), 0 where mask is 0
     n = mask.sum()

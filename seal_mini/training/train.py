@@ -69,7 +69,7 @@ from seal_mini.distributed import (
     share,
 )
 from seal_mini.engine.device import MemoryLimits, release_memory
-from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy, save_adapter
 from seal_mini.engine.rollout import Trajectory, run_rollouts, sample_numbers
 from seal_mini.envs.bfcl import Task
@@ -137,17 +137,10 @@ def score(envs: list) -> list:
 
 def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
     """Right-pad a micro-batch: input_ids, attention_mask, loss_mask (B, T) and old log-probs (B, T)."""
-    length = max(len(t.input_ids) for t in trajectories)
-    ids = torch.zeros(len(trajectories), length, dtype=torch.long)
-    attention = torch.zeros(len(trajectories), length, dtype=torch.long)
-    mask = torch.zeros(len(trajectories), length, dtype=torch.float32)
-    old = torch.zeros(len(trajectories), length, dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        n = len(t.input_ids)
-        ids[i, :n] = torch.tensor(t.input_ids)
-        attention[i, :n] = 1
-        mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        old[i, :n] = torch.tensor(t.old_logprobs, dtype=torch.float32)
+    ids = right_pad([t.input_ids for t in trajectories], torch.long)
+    attention = right_pad([[1] * len(t.input_ids) for t in trajectories], torch.long)
+    mask = right_pad([t.loss_mask for t in trajectories], torch.float32)
+    old = right_pad([t.old_logprobs for t in trajectories], torch.float32)
     return ids.to(device), attention.to(device), mask.to(device), old.to(device)
 
 
