@@ -37,6 +37,12 @@ def _check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _one_of(value, choices, key: str) -> None:
+    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
+    names = [str(c) for c in choices]
+    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
+
+
 @dataclass
 class ScratchConfig:
     """Sizes of a model built from scratch (model.name: scratch): a Qwen2 with random weights and a
@@ -92,18 +98,10 @@ class ModelConfig:
     def validate(self, key: str) -> None:
         _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder, tiny-random or scratch")
         self.scratch.validate(f"{key}.scratch")
-        _check(self.backend in ("auto", "unsloth", "hf"), f"{key}.backend", "must be auto, unsloth or hf")
-        _check(
-            self.dtype in ("bfloat16", "float16", "float32"),
-            f"{key}.dtype",
-            "must be bfloat16, float16 or float32",
-        )
-        _check(self.tool_format in ("template", "prompt"), f"{key}.tool_format", "must be template or prompt")
-        _check(
-            self.attn_implementation in ("sdpa", "eager", "flash_attention_2"),
-            f"{key}.attn_implementation",
-            "must be sdpa, eager or flash_attention_2",
-        )
+        _one_of(self.backend, ("auto", "unsloth", "hf"), f"{key}.backend")
+        _one_of(self.dtype, ("bfloat16", "float16", "float32"), f"{key}.dtype")
+        _one_of(self.tool_format, ("template", "prompt"), f"{key}.tool_format")
+        _one_of(self.attn_implementation, ("sdpa", "eager", "flash_attention_2"), f"{key}.attn_implementation")
 
 
 @dataclass
@@ -154,7 +152,7 @@ class DataConfig:
     def validate(self, key: str) -> None:
         for c in self.categories:
             _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
-        _check(self.source in ("bfcl", "practice"), f"{key}.source", "must be bfcl or practice")
+        _one_of(self.source, ("bfcl", "practice"), f"{key}.source")
         _check(len(self.categories) > 0, f"{key}.categories", "must name at least one category")
         _check(0 < self.train_per_category < 200, f"{key}.train_per_category", "must be in 1..199")
         _check(self.heldin_per_category > 0, f"{key}.heldin_per_category", "must be > 0")
@@ -249,7 +247,7 @@ class DiagnosisConfig:
         missing = [label for label in LABELS if label not in self.rho]
         _check(not missing, f"{key}.rho", f"missing labels {missing}")
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
-        _check(self.rho_update in ("fixed", "ema"), f"{key}.rho_update", "must be fixed or ema")
+        _one_of(self.rho_update, ("fixed", "ema"), f"{key}.rho_update")
         _check(0.0 <= self.rho_ema_decay <= 1.0, f"{key}.rho_ema_decay", "must be in [0, 1]")
         _check(self.rho_ema_count_scale > 0, f"{key}.rho_ema_count_scale", "must be > 0")
         _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")
@@ -374,10 +372,10 @@ class TrainConfig:
         _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
         _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
-        _check(self.adv_estimator in ADV_ESTIMATORS, f"{key}.adv_estimator", f"must be one of {ADV_ESTIMATORS}")
-        _check(self.loss_agg in LOSS_AGGREGATIONS, f"{key}.loss_agg", f"must be one of {LOSS_AGGREGATIONS}")
+        _one_of(self.adv_estimator, ADV_ESTIMATORS, f"{key}.adv_estimator")
+        _one_of(self.loss_agg, LOSS_AGGREGATIONS, f"{key}.loss_agg")
         _check(self.token_sum_norm >= 0, f"{key}.token_sum_norm", "must be >= 0 (0 = rollout.max_response_tokens)")
-        _check(self.old_logprobs in OLD_LOGPROBS, f"{key}.old_logprobs", f"must be one of {OLD_LOGPROBS}")
+        _one_of(self.old_logprobs, OLD_LOGPROBS, f"{key}.old_logprobs")
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
@@ -448,7 +446,7 @@ class EvalConfig:
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", "must be >= 0")
-        _check(self.split in ("eval", "train", "all"), f"{key}.split", "must be eval, train or all")
+        _one_of(self.split, ("eval", "train", "all"), f"{key}.split")
 
 
 OOD_SUITES = ("bfcl_v4_memory", "bfcl_v4_web_search", "tau2")
@@ -603,7 +601,7 @@ class Config:
             "sft.tasks_per_category",
             "applies to data.source=practice only (BFCL has its training split); set it to 0",
         )
-        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+        _one_of(self.device, ("auto", "cpu", "cuda"), "device")
         _check(self.cpu_threads >= 0, "cpu_threads", "must be >= 0 (0 = torch's default)")
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

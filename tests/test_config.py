@@ -78,12 +78,12 @@ def test_every_recipe_loads_and_validates():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.adv_estimator=ppo", "train.adv_estimator: must be one of ('grpo', 'dr_grpo', 'rloo')"),
+        ("train.adv_estimator=ppo", "train.adv_estimator: must be grpo, dr_grpo or rloo, not 'ppo'"),
         (
             "train.loss_agg=sum",
-            "train.loss_agg: must be one of ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum')",
+            "train.loss_agg: must be token_mean, seq_mean_token_mean or seq_mean_token_sum, not 'sum'",
         ),
-        ("train.old_logprobs=fresh", "train.old_logprobs: must be one of ('sampled', 'recompute')"),
+        ("train.old_logprobs=fresh", "train.old_logprobs: must be sampled or recompute, not 'fresh'"),
         ("train.token_sum_norm=-1", "train.token_sum_norm: must be >= 0"),
     ],
 )
