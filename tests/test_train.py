@@ -152,6 +152,40 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
 
 
+def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_path, monkeypatch):
+    """diagnosis.rho_update=ema: step t diagnoses, profiles C_t, moves rho_{t-1} to rho_t with C_t, and only then
+    weighs its trajectories, with rho_t (rounds/step_t.json records the rho the round weighed with)."""
+    from seal_mini.core.diagnose import trajectory_profile
+    from seal_mini.core.grpo import diagnostic_weights, ema_rho
+    from seal_mini.runio import read_json, read_jsonl_gz
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    # count_scale 1: every label seen moves its rho fully, so a lag of one round would show in the weights
+    cfg = load_config(
+        overrides=RESUME
+        + [f"out_dir={tmp_path}", "name=ema", "train.steps=2", "diagnosis.rho_update=ema"]
+        + ["diagnosis.rho_ema_count_scale=1", "diagnosis.rho_ema_decay=0.5"]
+    )
+    train_module.train(cfg)
+    d = cfg.diagnosis
+    previous, lagged = dict(d.rho), 0
+    for step in range(2):
+        saved = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
+        rho, _ = ema_rho(
+            d.rho, previous, saved["profile"], d.rho_ema_decay, d.rho_ema_count_scale, d.rho_min, d.rho_max
+        )
+        assert saved["rho"] == rho  # rho_t comes from this round's profile C_t
+        rows = read_jsonl_gz(cfg.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz")
+        shares = [trajectory_profile(r["labels"]) for r in rows]
+        now, _ = diagnostic_weights(shares, rho, d.w_min, d.w_max)
+        before, _ = diagnostic_weights(shares, previous, d.w_min, d.w_max)
+        assert [r["weight"] for r in rows] == pytest.approx(now.tolist(), abs=1e-6)
+        lagged += int(not torch.allclose(now, before))
+        previous = rho
+    assert lagged  # the weights of rho_{t-1} differ: the check above tells the two apart
+    assert rho["pass"] == d.rho["pass"] and rho["not_reached"] == d.rho["not_reached"]
+
+
 def test_out_of_memory_in_rollouts_and_update_gives_the_round_of_the_smaller_setting(tmp_path, monkeypatch, capsys):
     """A card that fits one sequence per forward: the round at 4 episodes at once and micro-batches of 2
     shrinks to 1 and 1 (rollout wave and update micro-batch, the KL reference pass first), and comes out

@@ -90,7 +90,7 @@ class LoopState:
     interface: InterfaceState | None = None
     """Omega_t: the cues the next round trains with."""
     rho: dict[str, float] = field(default_factory=dict)
-    """The utility table (moves only with diagnosis.rho_update: ema)."""
+    """The utility table the last round weighed with (moves only with diagnosis.rho_update: ema)."""
     profile: dict = field(default_factory=dict)
     """C_t of the last finished round (what Omega_t and rho were last evolved from)."""
 
@@ -529,9 +529,22 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         labels = [e["labels"] for e in episodes]
         profile = failure_profile(labels, rewards) if cfg.train.diagnose else {}  # C_t
 
-        # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
+        # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0. In the ema variant
+        #    rho first moves with this round's profile (rho_t from rho_{t-1} and C_t), so the weights answer
+        #    the failures of the round they scale.
         group_ids = [i // G for i in range(len(episodes))]
         adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps)
+        rho_metrics = {}
+        if cfg.diagnosis.rho_update == "ema" and profile:
+            state.rho, rho_metrics = ema_rho(
+                cfg.diagnosis.rho,
+                state.rho,
+                profile,
+                cfg.diagnosis.rho_ema_decay,
+                cfg.diagnosis.rho_ema_count_scale,
+                cfg.diagnosis.rho_min,
+                cfg.diagnosis.rho_max,
+            )
         if cfg.train.reweight and cfg.train.diagnose:
             shares = [trajectory_profile(z) for z in labels]
             weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
@@ -547,21 +560,10 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         t_update = time.perf_counter() - t1
         check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 
-        # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t); rho moves only in the ema variant
+        # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t)
         active = state.interface.to_dict() if state.interface else {}
         if state.interface is not None:
             state.interface = evolve(state.interface, profile, cfg.interface)
-        rho_metrics = {}
-        if cfg.diagnosis.rho_update == "ema" and profile:
-            state.rho, rho_metrics = ema_rho(
-                cfg.diagnosis.rho,
-                state.rho,
-                profile,
-                cfg.diagnosis.rho_ema_decay,
-                cfg.diagnosis.rho_ema_count_scale,
-                cfg.diagnosis.rho_min,
-                cfg.diagnosis.rho_max,
-            )
 
         # 7. log
         row = {
