@@ -223,8 +223,9 @@ def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
 RECIPE = {
     "device": "cpu",
     "model": {"name": "tiny-random", "gradient_checkpointing": False},
-    # three tasks, four per step: every step holds one task twice (a step straddles two epochs)
-    "data": {"max_train_tasks": 3, "max_eval_tasks": 6},
+    # five tasks, at most four a step: an epoch is two steps, of 2 and 3 tasks, so the steps differ in size
+    # and the ranks' shares too (1 + 1, then 2 + 1); step 2 starts the next epoch, in its own order
+    "data": {"max_train_tasks": 5, "max_eval_tasks": 6},
     "rollout": {"group_size": 2, "max_new_tokens": 8},
     "train": {
         "steps": 3,

@@ -28,6 +28,27 @@ def test_tasks_for_step_walks_seeded_epochs():
     assert train_module.tasks_for_step(tasks, 3, 5, seed=3) == steps[3]  # a function of (seed, step) alone
 
 
+@pytest.mark.parametrize("n_tasks, per_step", [(10, 4), (10, 3), (7, 7), (5, 8), (400, 32)])
+def test_every_step_lies_in_one_epoch_and_every_epoch_is_whole(n_tasks, per_step):
+    tasks = [SimpleNamespace(id=f"t{i}") for i in range(n_tasks)]
+    per_epoch = train_module.epoch_steps(n_tasks, per_step)
+    assert per_epoch == -(-n_tasks // per_step)  # ceil(N / B): 400 tasks at most 32 a step -> 13 steps
+    for epoch in range(3):
+        steps = [train_module.tasks_for_step(tasks, epoch * per_epoch + k, per_step, seed=5) for k in range(per_epoch)]
+        for step in steps:
+            assert len({t.id for t in step}) == len(step) <= per_step  # no task twice, never more than B
+        assert max(map(len, steps)) - min(map(len, steps)) <= 1  # near-equal steps
+        assert sorted(t.id for step in steps for t in step) == sorted(t.id for t in tasks)  # each task once
+
+
+def test_the_main_recipe_runs_six_whole_epochs():
+    cfg = load_config("recipes/qwen2_5_3b.yaml")
+    n_tasks = len(cfg.data.categories) * cfg.data.train_per_category
+    per_epoch = train_module.epoch_steps(n_tasks, cfg.train.tasks_per_step)
+    assert (n_tasks, per_epoch, cfg.train.steps) == (400, 13, 6 * 13)
+    assert cfg.train.eval_every == per_epoch  # held-in evaluation after every epoch
+
+
 def test_pick_spreads_a_limit_over_categories():
     split = load_split(load_config())
     picked = pick(split["train"], 8)

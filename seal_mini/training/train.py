@@ -98,16 +98,37 @@ class LoopState:
 # --- data ---------------------------------------------------------------------------------------
 
 
+def epoch_steps(n_tasks: int, per_step: int) -> int:
+    """Steps one epoch takes: its n_tasks dealt into slices of at most per_step tasks (train.tasks_per_step)."""
+    return -(-n_tasks // per_step)  # ceil(N / B)
+
+
 def tasks_for_step(tasks: list[Task], step: int, per_step: int, seed: int) -> list[Task]:
-    """B tasks for a step: epochs over the training set, each in its own seeded order. A function of
-    (seed, step) alone, so a resumed run draws exactly the tasks the uninterrupted run would."""
-    out = []
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, position = divmod(k, len(tasks))
-        order = list(range(len(tasks)))
-        random.Random(seed * 100_003 + epoch).shuffle(order)
-        out.append(tasks[order[position]])
-    return out
+    """The tasks of one step. An epoch is every training task once, in its own seeded order, dealt into
+    ceil(N / B) steps of near-equal size (they differ by at most one task; none holds more than B), so no
+    step straddles two epochs or holds a task twice. A function of (seed, step) alone: a resumed run, and
+    every rank of a data-parallel one, draws exactly the tasks the uninterrupted run would."""
+    n, per_epoch = len(tasks), epoch_steps(len(tasks), per_step)
+    epoch, k = divmod(step, per_epoch)
+    order = list(range(n))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    return [tasks[i] for i in order[k * n // per_epoch : (k + 1) * n // per_epoch]]
+
+
+def epoch_plan(n_tasks: int, per_step: int, steps: int) -> str:
+    """One line saying how the run's steps fall into epochs (printed when training starts)."""
+    per_epoch = epoch_steps(n_tasks, per_step)
+    low, high = n_tasks // per_epoch, -(-n_tasks // per_epoch)
+    whole, rest = divmod(steps, per_epoch)
+    tail = f" and {_count(rest, 'step')} of one more" if rest else ""
+    return (
+        f"{_count(n_tasks, 'training task')}, at most {per_step} a step: an epoch is {_count(per_epoch, 'step')} "
+        f"of {low if low == high else f'{low}-{high}'} tasks; {steps} steps = {_count(whole, 'whole epoch')}{tail}"
+    )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
@@ -492,6 +513,8 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     from tqdm import tqdm
 
     quiet = not is_main()  # progress bars: rank 0's
+    if is_main():
+        print(f"[train] {epoch_plan(len(train_tasks), cfg.train.tasks_per_step, cfg.train.steps)}")
     steps = range(state.step, cfg.train.steps)
     for step in tqdm(steps, desc="train", initial=state.step, total=cfg.train.steps, disable=quiet):
         t0 = time.perf_counter()
