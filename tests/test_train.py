@@ -207,6 +207,28 @@ def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_pat
     assert rho["pass"] == d.rho["pass"] and rho["not_reached"] == d.rho["not_reached"]
 
 
+def test_a_run_from_a_starting_adapter_starts_at_zero_kl(tmp_path, monkeypatch):
+    """lora.adapter_path: the KL reference is the starting adapter, so the first optimizer step (one mini-batch
+    per step here) sees a KL of exactly 0, where the bare backbone as reference would not."""
+    from seal_mini.engine.policy import save_adapter
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    start = load_policy(load_config(overrides=TINY), banner=False)
+    with torch.no_grad():
+        for n, p in start.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    path = save_adapter(start, tmp_path / "start")
+    cfg = load_config(
+        overrides=RESUME
+        + [f"out_dir={tmp_path}", "name=from_adapter", f"lora.adapter_path={path}", "train.steps=1"]
+        + ["train.mini_batch_tasks=2", "train.kl_coef=0.5"]
+    )
+    train_module.train(cfg)
+    (row,) = read_metrics(cfg.run_dir)
+    assert row["losses/kl_ref"] == 0.0 and row["losses/tokens"] > 0 and row["losses/grad_norm"] > 0
+
+
 def test_out_of_memory_in_rollouts_and_update_gives_the_round_of_the_smaller_setting(tmp_path, monkeypatch, capsys):
     """A card that fits one sequence per forward: the round at 4 episodes at once and micro-batches of 2
     shrinks to 1 and 1 (rollout wave and update micro-batch, the KL reference pass first), and comes out

@@ -10,7 +10,8 @@ How this differs from textbook GRPO (one prompt, one completion, one reward):
    b. the failure profile C_t of the round decides which interface cues (schema, error feedback,
       guidelines) the next round trains with: Omega_{t+1} = Evolve(Omega_t, C_t).
 3. The interface exists only at training time. Evaluation runs the bare benchmark.
-4. LoRA on a (4-bit) frozen base; the KL reference is the same model with the adapter disabled.
+4. LoRA on a (4-bit) frozen base; the KL reference is the policy the run started from: the same model
+   with the adapter disabled, or a frozen copy of the starting adapter (lora.adapter_path).
 5. One pass over each round's data per mini-batch, so the sampling-time log-probs serve as the "old"
    log-probs of the clipped ratio (no extra forward pass).
 
