@@ -226,7 +226,11 @@ RECIPE = {
     # five tasks, at most four a step: an epoch is two steps, of 2 and 3 tasks, so the steps differ in size
     # and the ranks' shares too (1 + 1, then 2 + 1); step 2 starts the next epoch, in its own order
     "data": {"max_train_tasks": 5, "max_eval_tasks": 6},
-    "rollout": {"group_size": 2, "max_new_tokens": 8},
+    # one episode per forward pass, on one rank as on two: the sampling-time log-probs then do not depend on
+    # how many episodes a rank generates together (matrix kernels round differently for other batch sizes,
+    # and Adam turns that rounding into weight differences of 1e-4 where a gradient is near zero), so the
+    # runs can be compared bit for bit
+    "rollout": {"group_size": 2, "max_new_tokens": 8, "max_concurrent": 1},
     "train": {
         "steps": 3,
         "tasks_per_step": 4,
