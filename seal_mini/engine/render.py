@@ -21,11 +21,22 @@ from __future__ import annotations
 
 import json
 
+import jinja2
+
 from seal_mini.config import ConfigError
 from seal_mini.core.interface import KEEP_DEFAULT_SYSTEM
 
 _MARKER = "SEAL_MINI_MARKER"
-_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "", "parameters": {}}}]
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "A tool.",
+            "parameters": {"type": "object", "properties": {}, "required": []},
+        },
+    }
+]
 """A tool, to learn what a template writes as its default system text when it renders tools."""
 
 
@@ -136,10 +147,13 @@ class ChatRenderer:
         """What the template writes as system text when the conversation has no system message: the text in
         the place a system message's content would take ("" when it writes none there)."""
         user = [{"role": "user", "content": "hi"}]
-        bare = self.tokenizer.apply_chat_template(user, tools=tools, tokenize=False)
-        marked = self.tokenizer.apply_chat_template(
-            [{"role": "system", "content": _MARKER}, *user], tools=tools, tokenize=False
-        )
+        try:
+            bare = self.tokenizer.apply_chat_template(user, tools=tools, tokenize=False)
+            marked = self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": _MARKER}, *user], tools=tools, tokenize=False
+            )
+        except jinja2.TemplateError:  # a template that refuses system messages has no default to keep
+            return ""
         if _MARKER not in marked:  # the template ignores system messages
             return ""
         before, after = marked.split(_MARKER, 1)
