@@ -125,8 +125,8 @@ def test_ema_rho_by_hand():
     }
     prev = {"pass": 0.6, "state_mismatch": 1.0, "spurious_tool_call": 2.0, "missing_tool_call": 1.5}
     rho, m = ema_rho(base, prev, profile)
-    # pass is absent -> target = base 1.0: 0.75*0.6 + 0.25*1.0 = 0.7
-    assert rho["pass"] == pytest.approx(0.7)
+    # pass carries no failure to emphasise: it stays at its base value whatever the previous rho said
+    assert rho["pass"] == 1.0
     assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * 1.15)  # 1.0375
     assert rho["missing_tool_call"] == pytest.approx(0.75 * 1.5 + 0.25 * 1.8)  # 1.575
     assert rho["spurious_tool_call"] == 2.0
@@ -134,6 +134,22 @@ def test_ema_rho_by_hand():
     # Without a previous rho the walk starts from the base.
     rho0, _ = ema_rho(base, None, {})
     assert rho0 == base
+
+
+def test_ema_rho_holds_pass_and_not_reached_at_their_base():
+    base = {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": 1.5}
+    profile = {
+        # were they moved: target 1.0 * (1 + 0.5 * 1.0 * 1) = 1.5, rho 0.75 * 1.0 + 0.25 * 1.5 = 1.125
+        "pass": {"count": 64, "prevalence": 0.5, "success_rate": 0.0},
+        "not_reached": {"count": 64, "prevalence": 0.3, "success_rate": 0.0},
+        # target 1.5 * (1 + 0.25 * 0.5 * 8/32) = 1.546875; rho 0.75 * 1.5 + 0.25 * 1.546875 = 1.51171875
+        "missing_tool_call": {"count": 8, "prevalence": 0.25, "success_rate": 0.5},
+    }
+    rho, m = ema_rho(base, None, profile)
+    assert rho == {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": pytest.approx(1.51171875)}
+    assert m["rho/pass"] == 1.0 and m["rho/not_reached"] == 1.0
+    rho, _ = ema_rho(base, {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": 1.5}, profile, held=())
+    assert rho["pass"] == pytest.approx(1.125)  # the same profile moves them once nothing is held
 
 
 def test_ema_rho_rejects_incomplete_profile():

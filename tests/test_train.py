@@ -29,6 +29,27 @@ def test_tasks_for_step_walks_seeded_epochs():
     assert train_module.tasks_for_step(tasks, 3, 5, seed=3) == steps[3]  # a function of (seed, step) alone
 
 
+@pytest.mark.parametrize("n_tasks, per_step", [(10, 4), (10, 3), (7, 7), (5, 8), (400, 32)])
+def test_every_step_lies_in_one_epoch_and_every_epoch_is_whole(n_tasks, per_step):
+    tasks = [SimpleNamespace(id=f"t{i}") for i in range(n_tasks)]
+    per_epoch = train_module.epoch_steps(n_tasks, per_step)
+    assert per_epoch == -(-n_tasks // per_step)  # ceil(N / B): 400 tasks at most 32 a step -> 13 steps
+    for epoch in range(3):
+        steps = [train_module.tasks_for_step(tasks, epoch * per_epoch + k, per_step, seed=5) for k in range(per_epoch)]
+        for step in steps:
+            assert len({t.id for t in step}) == len(step) <= per_step  # no task twice, never more than B
+        assert max(map(len, steps)) - min(map(len, steps)) <= 1  # near-equal steps
+        assert sorted(t.id for step in steps for t in step) == sorted(t.id for t in tasks)  # each task once
+
+
+def test_the_main_recipe_runs_six_whole_epochs():
+    cfg = load_config("recipes/qwen2_5_3b.yaml")
+    n_tasks = len(cfg.data.categories) * cfg.data.train_per_category
+    per_epoch = train_module.epoch_steps(n_tasks, cfg.train.tasks_per_step)
+    assert (n_tasks, per_epoch, cfg.train.steps) == (400, 13, 6 * 13)
+    assert cfg.train.eval_every == per_epoch  # held-in evaluation after every epoch
+
+
 def test_pick_spreads_a_limit_over_categories():
     split = load_split(load_config())
     picked = pick(split["train"], 8)
@@ -151,6 +172,62 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert any(abs(r["losses/grad_norm"]) > 0 for r in rows_a)
     base = load_file(str(straight.run_dir / "checkpoint" / "step_0004" / "adapter" / "adapter_model.safetensors"))
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
+
+
+def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_path, monkeypatch):
+    """diagnosis.rho_update=ema: step t diagnoses, profiles C_t, moves rho_{t-1} to rho_t with C_t, and only then
+    weighs its trajectories, with rho_t (rounds/step_t.json records the rho the round weighed with)."""
+    from seal_mini.core.diagnose import trajectory_profile
+    from seal_mini.core.grpo import diagnostic_weights, ema_rho
+    from seal_mini.runio import read_json, read_jsonl_gz
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    # count_scale 1: every label seen moves its rho fully, so a lag of one round would show in the weights
+    cfg = load_config(
+        overrides=RESUME
+        + [f"out_dir={tmp_path}", "name=ema", "train.steps=2", "diagnosis.rho_update=ema"]
+        + ["diagnosis.rho_ema_count_scale=1", "diagnosis.rho_ema_decay=0.5"]
+    )
+    train_module.train(cfg)
+    d = cfg.diagnosis
+    previous, lagged = dict(d.rho), 0
+    for step in range(2):
+        saved = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
+        rho, _ = ema_rho(
+            d.rho, previous, saved["profile"], d.rho_ema_decay, d.rho_ema_count_scale, d.rho_min, d.rho_max
+        )
+        assert saved["rho"] == rho  # rho_t comes from this round's profile C_t
+        rows = read_jsonl_gz(cfg.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz")
+        shares = [trajectory_profile(r["labels"]) for r in rows]
+        now, _ = diagnostic_weights(shares, rho, d.w_min, d.w_max)
+        before, _ = diagnostic_weights(shares, previous, d.w_min, d.w_max)
+        assert [r["weight"] for r in rows] == pytest.approx(now.tolist(), abs=1e-6)
+        lagged += int(not torch.allclose(now, before))
+        previous = rho
+    assert lagged  # the weights of rho_{t-1} differ: the check above tells the two apart
+    assert rho["pass"] == d.rho["pass"] and rho["not_reached"] == d.rho["not_reached"]
+
+
+def test_a_run_from_a_starting_adapter_starts_at_zero_kl(tmp_path, monkeypatch):
+    """lora.adapter_path: the KL reference is the starting adapter, so the first optimizer step (one mini-batch
+    per step here) sees a KL of exactly 0, where the bare backbone as reference would not."""
+    from seal_mini.engine.policy import save_adapter
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    start = load_policy(load_config(overrides=TINY), banner=False)
+    with torch.no_grad():
+        for n, p in start.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    path = save_adapter(start, tmp_path / "start")
+    cfg = load_config(
+        overrides=RESUME
+        + [f"out_dir={tmp_path}", "name=from_adapter", f"lora.adapter_path={path}", "train.steps=1"]
+        + ["train.mini_batch_tasks=2", "train.kl_coef=0.5"]
+    )
+    train_module.train(cfg)
+    (row,) = read_metrics(cfg.run_dir)
+    assert row["losses/kl_ref"] == 0.0 and row["losses/tokens"] > 0 and row["losses/grad_norm"] > 0
 
 
 def test_out_of_memory_in_rollouts_and_update_gives_the_round_of_the_smaller_setting(tmp_path, monkeypatch, capsys):

@@ -136,6 +136,11 @@ def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torc
     return advantages * weights  # (N,)
 
 
+RHO_HELD = ("pass", "not_reached")
+"""Labels whose rho the moving variant never moves: a passed turn or a turn never reached carries no failure
+to emphasise, so its weight stays the base value however often it occurs."""
+
+
 def ema_rho(
     rho_base: dict[str, float],
     rho_prev: dict[str, float] | None,
@@ -144,13 +149,16 @@ def ema_rho(
     count_scale: float = 32.0,
     rho_min: float = 0.5,
     rho_max: float = 2.0,
+    held: tuple[str, ...] = RHO_HELD,
 ) -> tuple[dict[str, float], dict]:
-    """The authors' release variant: rho moves each round towards a profile-driven target.
+    """The authors' release variant: rho_t moves from rho_{t-1} towards a target drawn from this round's C_t.
 
     target(z) = base(z) * (1 + prevalence(z) * (1 - success_rate(z)) * min(1, count(z) / count_scale))
     rho_t(z)  = clip(decay * rho_{t-1}(z) + (1 - decay) * target(z), rho_min, rho_max)
     A label absent from the profile has target = base, so its rho relaxes back to the base value.
-    The clip is applied to the moved value, the plainest reading of "EMA ..., clipped [0.5, 2]"."""
+    Labels in `held` (pass, not_reached) keep their base value. The clip is applied to the moved value,
+    the plainest reading of "EMA ..., clipped [0.5, 2]". The loop weighs round t with rho_t, so the
+    weights answer the failures of the round they scale."""
     assert 0.0 <= decay <= 1.0, f"decay must be in [0, 1], got {decay}"
     assert count_scale > 0 and 0 < rho_min <= rho_max
     prev = dict(rho_base) if rho_prev is None else rho_prev
@@ -165,7 +173,8 @@ def ema_rho(
             confidence = min(1.0, entry["count"] / count_scale)  # few sightings move rho little
             boost = entry["prevalence"] * (1.0 - entry["success_rate"]) * confidence
         target = base * (1.0 + boost)
-        new[z] = min(rho_max, max(rho_min, decay * prev[z] + (1.0 - decay) * target))
+        moved = min(rho_max, max(rho_min, decay * prev[z] + (1.0 - decay) * target))
+        new[z] = base if z in held else moved
         metrics[f"rho/{z}"] = new[z]
     return new, metrics
 

@@ -294,13 +294,20 @@ def feedback(event: CallEvent, schema: dict | None) -> str:
     return FEEDBACK.replace("{name}", name).replace("{constraint}", constraint)
 
 
+KEEP_DEFAULT_SYSTEM = "keep_default_system"
+"""Key of the system message the interface adds when a task has none: the chat renderer writes it after the
+template's default system text (Qwen2.5's "You are Qwen, ..."), which a plain system message would replace.
+So a prompt with the note is the prompt without it plus the note, nothing else (seal_mini/engine/render.py)."""
+
+
 def _with_system(messages: list[dict], text: str) -> list[dict]:
-    """Prepend one system message, or merge into the task's own system message if it has one."""
+    """Add the note to the system text: merged into the task's own system message if it has one, else a
+    system message that keeps the template's default system text before it."""
     messages = [dict(m) for m in messages]
     if messages and messages[0].get("role") == "system":
         messages[0]["content"] = f"{messages[0]['content']}\n\n{text}"
         return messages
-    return [{"role": "system", "content": text}] + messages
+    return [{"role": "system", "content": text, KEEP_DEFAULT_SYSTEM: True}] + messages
 
 
 # --- the wrapper ------------------------------------------------------------------------------------

@@ -6,8 +6,12 @@ One function, `load_policy(cfg)`, picks how (`model.backend`):
   hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
            precision on CPU unless model.cpu_4bit.
   auto     hf, for now: unsloth's patched forward does not fit the rollout engine's KV cache.
-The reference policy of the KL term is the same model with the adapter switched off
-(`policy.reference()`), so there is never a second copy of the weights in memory.
+Two other policies live in the same model, so there is never a second copy of the base weights:
+  policy.backbone()   the bare backbone, every adapter switched off (evaluation's backbone row, the tau2
+                      user simulator, the judge);
+  policy.reference()  the KL term's reference, the policy the run started from: the backbone when the
+                      adapter is fresh (LoRA B starts at zero, so the two are the same function), and a
+                      frozen copy of the starting adapter when the run starts from one (lora.adapter_path).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from seal_mini.engine.render import ChatRenderer
 
 TINY = "tiny-random"
 SCRATCH = "scratch"
+TRAINED_ADAPTER = "default"
+"""peft's name for the adapter the run trains (the only one saved)."""
+REFERENCE_ADAPTER = "reference"
+"""The frozen copy of the starting adapter (lora.adapter_path) that the KL term measures against."""
 
 
 @dataclass
@@ -41,16 +49,37 @@ class Policy:
     """Compute dtype (float32 on CPU)."""
     limits: MemoryLimits = field(default_factory=MemoryLimits)
     """Rollout and update settings an out-of-memory error made smaller (see seal_mini.engine.device)."""
+    start_adapter: str = ""
+    """The adapter folder the policy started from (lora.adapter_path); empty for a fresh adapter."""
 
     def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as the model sees it (the chat template, tools as model.tool_format says)."""
         return self.renderer.render(messages, tools, add_generation_prompt)
 
     @contextmanager
-    def reference(self):
-        """Inside this block the model is the frozen base: the adapter is switched off."""
+    def backbone(self):
+        """Inside this block the model is the bare backbone: every adapter is switched off."""
         with self.model.disable_adapter():
             yield self.model
+
+    @contextmanager
+    def reference(self):
+        """Inside this block the model is the KL reference, the policy the run started from (frozen)."""
+        if not self.start_adapter:  # a fresh adapter starts as the backbone
+            with self.backbone() as model:
+                yield model
+            return
+        if REFERENCE_ADAPTER not in self.model.peft_config:  # loaded on first use: evaluation never needs it
+            self.model.load_adapter(self.start_adapter, adapter_name=REFERENCE_ADAPTER, is_trainable=False)
+        trained, trainable = self.model.active_adapter, self.trainable_parameters()
+        self.model.set_adapter(REFERENCE_ADAPTER, inference_mode=True)
+        try:
+            yield self.model
+        finally:
+            # peft's set_adapter also decides which parameters train; put back exactly what trained before
+            self.model.set_adapter(trained, inference_mode=True)
+            for p in trainable:
+                p.requires_grad_(True)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (what the optimizer updates)."""
@@ -263,7 +292,7 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
     extra_stops = tuple(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     renderer = ChatRenderer(tokenizer, cfg.model.tool_format, extra_stop_ids=extra_stops)
     model.eval()
-    policy = Policy(model, tokenizer, renderer, device, backend, dtype)
+    policy = Policy(model, tokenizer, renderer, device, backend, dtype, start_adapter=cfg.lora.adapter_path)
     if banner:
         print(start_banner(policy, cfg, dtype_reason), flush=True)
     return policy
@@ -302,5 +331,5 @@ def save_adapter(policy: Policy, path: str | Path) -> Path:
     """Write the LoRA adapter (only the adapter: the base comes from model.name) to a folder."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(path))
+    policy.model.save_pretrained(str(path), selected_adapters=[TRAINED_ADAPTER])  # never the reference copy
     return path

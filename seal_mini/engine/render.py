@@ -10,15 +10,34 @@ The rollout engine never re-tokenizes what the model sampled. After a model call
 tokens that come next (the end of the assistant turn, tool results, the next user turn, the start of
 the next assistant turn): `continuation` renders the longer conversation and tokenizes just the text
 beyond what the episode's tokens already spell.
+
+Many templates write a default system text when a conversation has no system message (Qwen2.5: "You are
+Qwen, created by Alibaba Cloud. You are a helpful assistant."), and a system message replaces it. The
+training-time interface's note must add to the prompt, not swap that text out, so the renderer learns the
+default once (`default_system`) and writes a system message marked KEEP_DEFAULT_SYSTEM after it.
 """
 
 from __future__ import annotations
 
 import json
 
+import jinja2
+
 from seal_mini.config import ConfigError
+from seal_mini.core.interface import KEEP_DEFAULT_SYSTEM
 
 _MARKER = "SEAL_MINI_MARKER"
+_PROBE_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "probe",
+            "description": "A tool.",
+            "parameters": {"type": "object", "properties": {}, "required": []},
+        },
+    }
+]
+"""A tool, to learn what a template writes as its default system text when it renders tools."""
 
 
 class TemplateError(ConfigError):
@@ -62,7 +81,10 @@ def to_prompt_mode(messages: list[dict], tools: list[dict]) -> list[dict]:
             out[-1]["content"] += "\n" + wrapped
         else:
             out.append({"role": "user", "content": wrapped, "_tool": True})
-    return [{"role": m["role"], "content": m["content"]} for m in out]
+    out = [{"role": m["role"], "content": m["content"]} for m in out]
+    if messages and messages[0].get(KEEP_DEFAULT_SYSTEM) and not block:
+        out[0][KEEP_DEFAULT_SYSTEM] = True  # the system message is still the note alone: keep the default before it
+    return out
 
 
 class ChatRenderer:
@@ -105,14 +127,39 @@ class ChatRenderer:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_ids = frozenset(stops)
+        self.default_system = {False: self._default_system(None)}
+        """The template's default system text, without tools (False) and with them (True); "" if none."""
+        if tool_format == "template":  # prompt mode never hands the template any tools
+            self.default_system[True] = self._default_system(_PROBE_TOOLS)
 
     def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
         """The conversation as the chat template writes it (tools rendered as tool_format says)."""
         if self.tool_format == "prompt":
             messages, tools = to_prompt_mode(messages, tools), None
+        if messages and messages[0].get(KEEP_DEFAULT_SYSTEM):
+            default, note = self.default_system[bool(tools)], messages[0]["content"]
+            messages = [{"role": "system", "content": f"{default}\n\n{note}" if default else note}, *messages[1:]]
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+
+    def _default_system(self, tools: list[dict] | None) -> str:
+        """What the template writes as system text when the conversation has no system message: the text in
+        the place a system message's content would take ("" when it writes none there)."""
+        user = [{"role": "user", "content": "hi"}]
+        try:
+            bare = self.tokenizer.apply_chat_template(user, tools=tools, tokenize=False)
+            marked = self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": _MARKER}, *user], tools=tools, tokenize=False
+            )
+        except jinja2.TemplateError:  # a template that refuses system messages has no default to keep
+            return ""
+        if _MARKER not in marked:  # the template ignores system messages
+            return ""
+        before, after = marked.split(_MARKER, 1)
+        if len(bare) < len(before) + len(after) or not (bare.startswith(before) and bare.endswith(after)):
+            return ""  # no system text without a system message
+        return bare[len(before) : len(bare) - len(after)]
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a text; special tokens appear in it as text, so none are added."""

@@ -32,10 +32,12 @@ class ModelAgent:
             import torch
 
             digest = hashlib.sha256()
+            active = getattr(self.policy.model, "active_adapter", "default")  # not a frozen reference copy
             for name, lora in sorted(getattr(self.policy.model, "peft_config", {}).items()):
-                digest.update(f"{name}: r={lora.r} alpha={lora.lora_alpha}".encode())  # the scale of the weights
+                if name == active:
+                    digest.update(f"{name}: r={lora.r} alpha={lora.lora_alpha}".encode())  # the scale of the weights
             for name, p in sorted(self.policy.model.named_parameters()):
-                if "lora_" in name:
+                if "lora_" in name and f".{active}." in name:
                     digest.update(name.encode())
                     digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
             self._adapter_hash = digest.hexdigest()
@@ -44,7 +46,7 @@ class ModelAgent:
     def run(self, envs: list, progress=None) -> list[dict]:
         from seal_mini.engine.rollout import run_rollouts
 
-        with nullcontext() if self.adapter else self.policy.reference():
+        with nullcontext() if self.adapter else self.policy.backbone():
             trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, self.cfg.seed, progress)
         return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
 

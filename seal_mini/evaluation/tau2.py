@@ -434,7 +434,7 @@ class InProcessUser:
         if len(ids) > self.max_prompt_tokens:
             raise UserSimulatorError(f"user simulator prompt of {len(ids)} tokens is over {self.max_prompt_tokens}")
         out: list[int] = []
-        with torch.no_grad(), self.policy.reference() if self.adapter_off else nullcontext():
+        with torch.no_grad(), self.policy.backbone() if self.adapter_off else nullcontext():
             step_ids = torch.tensor([ids], device=self.policy.device)  # (1, T)
             cache_ = None
             for _ in range(self.max_new_tokens):

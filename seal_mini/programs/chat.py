@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
 
         cfg.lora.adapter_path = str(trained_adapter(run_dir))
         policy = load_policy(cfg)
-        with policy.reference() if args.backbone else nullcontext():
+        with policy.backbone() if args.backbone else nullcontext():
             run_rollouts(policy, [console], cfg.rollout, cfg.eval.temperature, cfg.seed)
     for line in verdict_lines(console):
         print(line)

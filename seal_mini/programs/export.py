@@ -126,7 +126,7 @@ def model_card(run_dir: Path, cfg: Config, base_model: str, merged: bool = False
         "evolving training-time interface) on BFCL V3 multi-turn tool-use tasks. Evaluation ran the unchanged "
         "benchmark (no interface), greedy.",
         "## Training\n\n"
-        f"- steps run: {steps} of {cfg.train.steps}; {cfg.train.tasks_per_step} tasks x {cfg.rollout.group_size} "
+        f"- steps run: {steps} of {cfg.train.steps}; up to {cfg.train.tasks_per_step} tasks x {cfg.rollout.group_size} "
         f"rollouts per step; lr {cfg.train.lr}; KL {cfg.train.kl_coef}; clip {cfg.train.clip_ratio}\n"
         f"- LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha}, on {', '.join(cfg.lora.target_modules)}; base "
         f"weights {'4-bit NF4' if cfg.model.load_in_4bit else 'unquantized'} during training\n"

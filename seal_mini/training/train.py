@@ -10,7 +10,8 @@ How this differs from textbook GRPO (one prompt, one completion, one reward):
    b. the failure profile C_t of the round decides which interface cues (schema, error feedback,
       guidelines) the next round trains with: Omega_{t+1} = Evolve(Omega_t, C_t).
 3. The interface exists only at training time. Evaluation runs the bare benchmark.
-4. LoRA on a (4-bit) frozen base; the KL reference is the same model with the adapter disabled.
+4. LoRA on a (4-bit) frozen base; the KL reference is the policy the run started from: the same model
+   with the adapter disabled, or a frozen copy of the starting adapter (lora.adapter_path).
 5. One pass over each round's data per mini-batch, so the sampling-time log-probs serve as the "old"
    log-probs of the clipped ratio (no extra forward pass); train.old_logprobs: recompute takes them from
    one no-grad forward of the training forward instead, so the first mini-batch's ratio is exactly 1.
@@ -101,7 +102,7 @@ class LoopState:
     interface: InterfaceState | None = None
     """Omega_t: the cues the next round trains with."""
     rho: dict[str, float] = field(default_factory=dict)
-    """The utility table (moves only with diagnosis.rho_update: ema)."""
+    """The utility table the last round weighed with (moves only with diagnosis.rho_update: ema)."""
     profile: dict = field(default_factory=dict)
     """C_t of the last finished round (what Omega_t and rho were last evolved from)."""
 
@@ -109,16 +110,37 @@ class LoopState:
 # --- data ---------------------------------------------------------------------------------------
 
 
+def epoch_steps(n_tasks: int, per_step: int) -> int:
+    """Steps one epoch takes: its n_tasks dealt into slices of at most per_step tasks (train.tasks_per_step)."""
+    return -(-n_tasks // per_step)  # ceil(N / B)
+
+
 def tasks_for_step(tasks: list[Task], step: int, per_step: int, seed: int) -> list[Task]:
-    """B tasks for a step: epochs over the training set, each in its own seeded order. A function of
-    (seed, step) alone, so a resumed run draws exactly the tasks the uninterrupted run would."""
-    out = []
-    for k in range(step * per_step, (step + 1) * per_step):
-        epoch, position = divmod(k, len(tasks))
-        order = list(range(len(tasks)))
-        random.Random(seed * 100_003 + epoch).shuffle(order)
-        out.append(tasks[order[position]])
-    return out
+    """The tasks of one step. An epoch is every training task once, in its own seeded order, dealt into
+    ceil(N / B) steps of near-equal size (they differ by at most one task; none holds more than B), so no
+    step straddles two epochs or holds a task twice. A function of (seed, step) alone: a resumed run, and
+    every rank of a data-parallel one, draws exactly the tasks the uninterrupted run would."""
+    n, per_epoch = len(tasks), epoch_steps(len(tasks), per_step)
+    epoch, k = divmod(step, per_epoch)
+    order = list(range(n))
+    random.Random(seed * 100_003 + epoch).shuffle(order)
+    return [tasks[i] for i in order[k * n // per_epoch : (k + 1) * n // per_epoch]]
+
+
+def epoch_plan(n_tasks: int, per_step: int, steps: int) -> str:
+    """One line saying how the run's steps fall into epochs (printed when training starts)."""
+    per_epoch = epoch_steps(n_tasks, per_step)
+    low, high = n_tasks // per_epoch, -(-n_tasks // per_epoch)
+    whole, rest = divmod(steps, per_epoch)
+    tail = f" and {_count(rest, 'step')} of one more" if rest else ""
+    return (
+        f"{_count(n_tasks, 'training task')}, at most {per_step} a step: an epoch is {_count(per_epoch, 'step')} "
+        f"of {low if low == high else f'{low}-{high}'} tasks; {steps} steps = {_count(whole, 'whole epoch')}{tail}"
+    )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
@@ -605,6 +627,8 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     from tqdm import tqdm
 
     quiet = not is_main()  # progress bars: rank 0's
+    if is_main():
+        print(f"[train] {epoch_plan(len(train_tasks), cfg.train.tasks_per_step, cfg.train.steps)}")
     steps = range(state.step, cfg.train.steps)
     for step in tqdm(steps, desc="train", initial=state.step, total=cfg.train.steps, disable=quiet):
         t0 = time.perf_counter()
@@ -642,9 +666,22 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         labels = [e["labels"] for e in episodes]
         profile = failure_profile(labels, rewards) if cfg.train.diagnose else {}  # C_t
 
-        # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0
+        # 4. advantages: group-relative, then scaled by the diagnostic weight w_j > 0. In the ema variant
+        #    rho first moves with this round's profile (rho_t from rho_{t-1} and C_t), so the weights answer
+        #    the failures of the round they scale.
         group_ids = [i // G for i in range(len(episodes))]
         adv, adv_metrics = group_advantages(rewards, group_ids, cfg.train.adv_eps, cfg.train.adv_estimator)
+        rho_metrics = {}
+        if cfg.diagnosis.rho_update == "ema" and profile:
+            state.rho, rho_metrics = ema_rho(
+                cfg.diagnosis.rho,
+                state.rho,
+                profile,
+                cfg.diagnosis.rho_ema_decay,
+                cfg.diagnosis.rho_ema_count_scale,
+                cfg.diagnosis.rho_min,
+                cfg.diagnosis.rho_max,
+            )
         if cfg.train.reweight and cfg.train.diagnose:
             shares = [trajectory_profile(z) for z in labels]
             weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
@@ -660,21 +697,10 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         t_update = time.perf_counter() - t1
         check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 
-        # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t); rho moves only in the ema variant
+        # 6. environment update: Omega_{t+1} = Evolve(Omega_t, C_t)
         active = state.interface.to_dict() if state.interface else {}
         if state.interface is not None:
             state.interface = evolve(state.interface, profile, cfg.interface)
-        rho_metrics = {}
-        if cfg.diagnosis.rho_update == "ema" and profile:
-            state.rho, rho_metrics = ema_rho(
-                cfg.diagnosis.rho,
-                state.rho,
-                profile,
-                cfg.diagnosis.rho_ema_decay,
-                cfg.diagnosis.rho_ema_count_scale,
-                cfg.diagnosis.rho_min,
-                cfg.diagnosis.rho_max,
-            )
 
         # 7. log
         row = {
