@@ -58,6 +58,9 @@ class Label:
     """When several rules fire on one turn, the highest priority wins (rules are tried highest first)."""
     failure: bool = True
     """The label says the turn went wrong (pass, correct_abstention and not_reached do not)."""
+    rho_moves: bool = True
+    """The moving rho (diagnosis.rho_update: ema) moves it with the round's profile; False holds it at its
+    base value (a passed turn, or one never reached, carries no failure to emphasise)."""
     description: str = ""
     """What the label means, as the small model scores it (every failure label needs one)."""
     finer: dict[str, str] = field(default_factory=dict)
@@ -81,6 +84,7 @@ ENTRIES: tuple[Label, ...] = (
         rho_reason="paper",
         priority=0,
         failure=False,
+        rho_moves=False,
         faults=(
             Fault(
                 "repaired_malformed_call",
@@ -251,6 +255,7 @@ ENTRIES: tuple[Label, ...] = (
         rho_reason="turns the episode never got to carry no evidence either way",
         priority=100,
         failure=False,
+        rho_moves=False,
     ),
 )
 # --- end of the edit point --------------------------------------------------------------------------------
@@ -267,6 +272,8 @@ class Registry:
     """Every label, highest priority first: the order the diagnoser tries their rules."""
     failure_labels: tuple[str, ...]
     rho: dict[str, float]
+    rho_held: tuple[str, ...]
+    """Labels the moving rho never moves."""
     descriptions: dict[str, str]
     """Failure label -> its description for the small model."""
     finer: dict[str, dict[str, str]]
@@ -341,6 +348,7 @@ def build(entries: tuple[Label, ...] | list[Label]) -> Registry:
         by_priority=tuple(e.name for e in sorted(entries, key=lambda e: -e.priority)),
         failure_labels=tuple(e.name for e in entries if e.failure),
         rho={e.name: e.rho for e in entries},
+        rho_held=tuple(e.name for e in entries if not e.rho_moves),
         descriptions={e.name: e.description for e in entries if e.failure},
         finer={e.name: dict(e.finer) for e in entries if e.finer},
         guidelines={g.id: (name, g.text) for g, name in sorted(guidelines, key=lambda gn: gn[0].order)},
@@ -379,6 +387,7 @@ REGISTRY = build(ENTRIES)
 
 LABELS = REGISTRY.labels
 DEFAULT_RHO = REGISTRY.rho
+RHO_HELD = REGISTRY.rho_held
 FAILURE_LABELS = REGISTRY.failure_labels
 """Labels that say the turn went wrong (not_reached says nothing either way)."""
 FAULT_KINDS = REGISTRY.demonstrable_faults

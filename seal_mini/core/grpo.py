@@ -25,6 +25,7 @@ import torch
 
 from seal_mini.config import ADV_ESTIMATORS
 from seal_mini.config import LOSS_AGGREGATIONS as LOSS_AGGREGATION_NAMES
+from seal_mini.labels import RHO_HELD
 
 PROFILE_KEYS = ("count", "prevalence", "success_rate")
 """Fields every label entry of a failure profile C_t must carry."""
@@ -134,11 +135,6 @@ def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torc
     assert advantages.shape == weights.shape, f"shapes differ: {tuple(advantages.shape)} vs {tuple(weights.shape)}"
     assert bool((weights > 0).all()), "diagnostic weights must be > 0 (a weight <= 0 would flip or erase a sign)"
     return advantages * weights  # (N,)
-
-
-RHO_HELD = ("pass", "not_reached")
-"""Labels whose rho the moving variant never moves: a passed turn or a turn never reached carries no failure
-to emphasise, so its weight stays the base value however often it occurs."""
 
 
 def ema_rho(
