@@ -174,6 +174,35 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
 
 
+def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(tmp_path, monkeypatch):
+    """A run checkpointed before the kit gained a label (instance_mismatch) resumes; the new label starts
+    from its configured rho instead of failing the first weight that needs it."""
+    import json
+
+    from seal_mini.runio import read_json
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    cfg = load_config(
+        overrides=RESUME + [f"out_dir={tmp_path}", "name=old", "train.steps=2", "diagnosis.rho_update=ema"]
+    )
+    real_save = train_module.save_checkpoint
+
+    def save_then_stop(run_dir, policy, optimizer, scheduler, state):
+        real_save(run_dir, policy, optimizer, scheduler, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(cfg)
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    saved = cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
+    state = read_json(saved)
+    del state["rho"]["instance_mismatch"]  # what a checkpoint written before the label existed holds
+    saved.write_text(json.dumps(state))
+    train_module.train(cfg, resume=True)
+    assert "instance_mismatch" in read_json(cfg.run_dir / "rounds" / "step_0001.json")["rho"]
+
+
 def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_path, monkeypatch):
     """diagnosis.rho_update=ema: step t diagnoses, profiles C_t, moves rho_{t-1} to rho_t with C_t, and only then
     weighs its trajectories, with rho_t (rounds/step_t.json records the rho the round weighed with)."""

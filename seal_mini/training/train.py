@@ -608,6 +608,8 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     metrics_rows = []
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy, optimizer, scheduler, checkpoint_fix(checkpoints(run_dir)))
+        # a label the kit gained after this checkpoint was written starts from its configured rho
+        state.rho = {**cfg.diagnosis.rho, **state.rho}
         # steps after the checkpoint are run again, so their old metric lines go
         metrics_rows = [r for r in read_metrics(run_dir) if r["step"] < state.step]
         lost = sorted(set(range(state.step)) - {r["step"] for r in metrics_rows})
