@@ -1,14 +1,16 @@
 """The batched rollout engine against the reference rollout (one episode, one full forward per token).
 
-Same episodes, same seeds: the engine (KV slots, batched prefill with padding, decode across slots, slot
-moves) must lay down the same tokens, loss_mask and messages, stop and truncate at the same places, and
+Same episodes, same seeds: the engine (KV slots handed from episode to episode, a shared prompt prefix,
+batched prefill with padding, decode across slots) must lay down the same tokens, loss_mask and messages, stop and truncate at the same places, and
 give the same old log-probs as the plain loop in seal_mini.engine.reference, up to float rounding.
 
 Tolerance on log-probs: 1e-5 (float32 on the CPU). The engine and the reference run the same weights on
 the same tokens, but the engine's attention reads cached keys through masks, in batches with padding,
 and the reference runs the whole sequence at once; float32 sums in another order differ by about 1e-6
-here (printed). A log-prob taken at the wrong position or for the wrong token is off by far more: even under
-the nearly uniform tiny random model, neighbouring sampled tokens' log-probs differ by over 1e-2 (asserted).
+here (printed: one float32 step at a log-prob of -8). A log-prob taken at the wrong position or for the
+wrong token is off by far more: even under the nearly uniform tiny random model, neighbouring sampled tokens'
+log-probs differ by over 1e-2 (asserted). Subtler faults are small too: a shared prompt prefix copied one KV
+column short moved log-probs by about 2e-4, which a tolerance of 1e-4 would still catch, but only just.
 """
 
 import dataclasses
