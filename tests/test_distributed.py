@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from seal_mini import distributed
 from seal_mini.config import ConfigError, load_config
-from seal_mini.engine.rollout import Trajectory, sample_numbers
+from seal_mini.engine.sequences import Trajectory, sample_numbers
 from seal_mini.runio import read_json, read_jsonl_gz, read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import torch
 from seal_mini.config import load_config
 from seal_mini.engine.logprobs import token_logprobs, token_logprobs_and_entropy
 from seal_mini.engine.policy import load_policy
-from seal_mini.engine.rollout import sample_tokens
+from seal_mini.engine.sequences import sample_tokens
 
 
 class _Decoder(torch.nn.Module):

@@ -19,7 +19,8 @@ from seal_mini.config import ConfigError, load_config
 from seal_mini.engine.logprobs import token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.render import ChatRenderer
-from seal_mini.engine.rollout import RolloutStats, rendered_text, run_rollouts
+from seal_mini.engine.rollout import RolloutStats, run_rollouts
+from seal_mini.engine.sequences import rendered_text
 from seal_mini.engine.tiny import tiny_tokenizer
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
 from seal_mini.envs.episode import TRUNCATED, Episode
@@ -261,10 +262,11 @@ def test_any_env_with_the_protocol_and_a_template_that_strips_whitespace(policy)
 
 def test_engine_refuses_an_unsloth_patched_model(monkeypatch):
     """unsloth's forward returns a fresh KV cache instead of growing the engine's: refuse it clearly."""
-    from seal_mini.engine.rollout import _causal_lm, _check_cache_layout
+    from seal_mini.engine.logprobs import causal_lm
+    from seal_mini.engine.rollout import _check_cache_layout
 
     policy = load_policy(load_config(None, ["model.name=tiny-random", "device=cpu"]))
-    decoder_class = type(_causal_lm(policy.model).model)
+    decoder_class = type(causal_lm(policy.model).model)
 
     def patched_forward(self, *args, **kwargs):  # stands in for unsloth's fast forward
         raise AssertionError("never called")

@@ -12,7 +12,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
-def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers causal LM under a peft wrapper (LoRA layers live inside it, so they still apply)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -47,7 +47,7 @@ def token_logprobs_and_entropy(
     Differentiable when grad is enabled. Position 0 has no context and must have loss_mask 0."""
     assert input_ids.shape == attention_mask.shape == loss_mask.shape and input_ids.dim() == 2
     assert not bool(loss_mask[:, 0].any()), "the first token has no context; its loss_mask must be 0"
-    lm = _causal_lm(model)
+    lm = causal_lm(model)
     # Positions count real tokens only, so left- and right-padded rows both get the positions they had
     # when they were sampled.
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)

@@ -305,14 +305,15 @@ def is_4bit(model: torch.nn.Module) -> bool:
 
 def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
-    from seal_mini.engine.rollout import _causal_lm, concurrency, kv_budget, kv_bytes_per_token
+    from seal_mini.engine.logprobs import causal_lm
+    from seal_mini.engine.rollout import concurrency, kv_budget, kv_bytes_per_token
 
     where = (
         f"cuda ({gpu_name(policy.device)})"
         if policy.device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)"
     )
-    per_token = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype)
+    per_token = kv_bytes_per_token(causal_lm(policy.model).config, policy.dtype)
     budget, source = kv_budget(policy, cfg.rollout)
     wave = cfg.train.tasks_per_step * cfg.rollout.group_size
     slots = concurrency(policy, cfg.rollout, wave)

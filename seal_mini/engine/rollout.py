@@ -1,17 +1,10 @@
-"""Batched multi-turn rollouts whose token sequences are exactly what the model saw and sampled.
+"""Batched multi-turn rollouts: the model work of many episodes at once, on one KV cache.
 
-Each episode is one growing token sequence:
-  prompt (system, tools, first user turn, start of the assistant turn)   loss_mask 0
-  the assistant's tokens, verbatim as sampled (never decoded and re-encoded),
-    with their sampling-time log-probs                                   loss_mask 1
-  whatever the chat template puts next: the end of the turn if the message was cut, tool results,
-    the next user turn, the start of the next assistant turn             loss_mask 0
-Observation tokens come from rendering the whole conversation with the chat template and tokenizing
-only the text beyond what the sequence already spells (seal_mini.engine.render.ChatRenderer.continuation), so
-decoding a finished sequence gives the template's rendering of the episode's messages.
-
-The code comes in two parts. `_Sequences` is the bookkeeping of one episode's tokens and messages
-(no model in it); `_Batch` does the batched model work for many episodes. `_Engine.run` joins them.
+What an episode's tokens, loss_mask and old log-probs are is the business of seal_mini.engine.sequences
+(`Sequences`: the bookkeeping, no model) and is spelled out for one episode, one full forward per token,
+in seal_mini.engine.reference; tests/test_reference.py checks that this engine produces the same. Here
+`_Batch` does the batched model work (slots, prefill, decode, sampling across rows) and `_Engine.run`
+joins it to the bookkeeping.
 
 How the work is scheduled:
   - Slots. The KV cache is one block allocated once per call, (layers, K/V, slots, KV heads,
@@ -35,60 +28,28 @@ How the work is scheduled:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from seal_mini.config import ConfigError, RolloutConfig
 from seal_mini.engine import device as devices
-
-
-class EnvLike(Protocol):
-    """What the engine needs from an episode (seal_mini.envs.episode.Episode and interface wrappers fit)."""
-
-    done: bool
-
-    def reset(self) -> tuple[list[dict], list[dict]]: ...
-
-    def step(self, text: str) -> Any: ...
-
-    def truncate(self) -> None: ...
-
-
-@dataclass
-class Trajectory:
-    """One finished episode: its token sequence with masks and log-probs, and its conversation."""
-
-    task_id: str
-    env: Any
-    """The episode object after it ended (its records feed the verifier and the diagnoser)."""
-    input_ids: list[int]
-    loss_mask: list[int]
-    """1 on tokens the model sampled, 0 on everything else."""
-    old_logprobs: list[float]
-    """Log-prob of each sampled token under the model's own distribution (temperature 1, no top-p)
-    when it was sampled; 0.0 where loss_mask is 0."""
-    prompt_len: int
-    truncated: bool
-    """A length limit (prompt, response or total tokens) ended the episode."""
-    messages: list[dict]
-    """The conversation (env roles: system, user, assistant, tool) whose rendering the tokens spell."""
-    tools: list[dict]
-    n_sampled: int = 0
-    n_messages: int = 0
-    """Model calls (assistant messages)."""
-    n_cut: int = 0
-    """Messages cut at rollout.max_new_tokens (their end-of-turn token was appended, loss_mask 0)."""
-    exact: bool = True
-    """decode(input_ids) == render(messages). False only when the template rewrites an assistant
-    message (e.g. strips whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+from seal_mini.engine.logprobs import causal_lm
+from seal_mini.engine.sequences import (
+    EnvLike,
+    LiveEpisode,
+    LogitsHook,
+    Sequences,
+    Trajectory,
+    episode_seed,
+    sample_numbers,
+    sample_tokens,
+    task_id,
+)
 
 
 @dataclass
@@ -145,62 +106,6 @@ class RolloutStats:
         }
 
 
-LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
-"""(env index of each row, ids sampled so far in each row's message, logits (R, V)) -> logits to sample
-from. Only sampling sees the result; old_logprobs always come from the model's own logits."""
-
-
-# --- sampling (pure) --------------------------------------------------------------------------------
-
-
-def sample_tokens(
-    logits: torch.Tensor,
-    temperature: float,
-    top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    uniforms: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """(R, V) logits -> (R,) token ids. Temperature 0 is greedy; top_p < 1 keeps the smallest set of
-    tokens whose probability reaches top_p. Row r uses uniforms[r] if given, else a draw from `generator`."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (R, V)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already reaches top_p
-        sorted_p = sorted_p.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    # Inverse-CDF sampling: one uniform per row (a CPU generator gives the same draws on any device) moves
-    # to the logits' device, so the (R, V) probabilities never leave the GPU.
-    if uniforms is None:
-        uniforms = torch.rand(
-            probs.shape[0], generator=generator, device=generator.device if generator else probs.device
-        )
-    assert uniforms.shape == (probs.shape[0],), f"need one uniform per row, got {tuple(uniforms.shape)}"
-    cdf = probs.double().cumsum(dim=-1)  # (R, V), float64 so the tail of a large vocabulary keeps its mass
-    target = uniforms.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
-    # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
-    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
-    return tokens.clamp(max=probs.shape[-1] - 1)
-
-
-def sample_numbers(task_ids: list[str]) -> list[int]:
-    """For each episode, how many episodes of the same task come before it: the `sample` of its stream."""
-    seen: dict[str, int] = {}
-    out = []
-    for task in task_ids:
-        seen[task] = seen.get(task, -1) + 1
-        out.append(seen[task])
-    return out
-
-
-def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
-    """The seed of one episode's random stream: a hash of (seed..., task id, sample number), so the
-    stream is the same whichever episodes run beside it, in whatever order."""
-    key = "/".join(str(s) for s in (*(seed if isinstance(seed, tuple) else (seed,)), task_id, sample))
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-
-
 # --- how many episodes at once ----------------------------------------------------------------------
 
 CPU_KV_BUDGET_GB = 2.0
@@ -208,10 +113,6 @@ CPU_KV_BUDGET_GB = 2.0
 GPU_KV_SHARE = 0.7
 """Share of the GPU memory free after loading that rollouts give to the KV cache when
 rollout.kv_budget_gb is 0; the rest holds prefill activations, logits and allocator slack."""
-
-
-def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _kv_shape(model_config) -> tuple[int, int, int]:
@@ -243,7 +144,7 @@ def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
     if cfg.max_concurrent:
         slots = cfg.max_concurrent
     else:
-        per_slot = kv_bytes_per_token(_causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
+        per_slot = kv_bytes_per_token(causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
         slots = kv_budget(policy, cfg)[0] // per_slot
     if policy.limits.max_concurrent:
         slots = min(slots, policy.limits.max_concurrent)
@@ -330,134 +231,18 @@ class _SlotLayer(DynamicLayer):
         return self.kv.plan.seen + query_length, 0
 
 
-# --- one episode's sequence: bookkeeping, no model work ---------------------------------------------
+# --- batched model work ------------------------------------------------------------------------------
 
 
 @dataclass
-class _Live:
-    """Engine-side state of one episode."""
+class _Live(LiveEpisode):
+    """A live episode with its place in the KV cache."""
 
-    index: int
-    env: EnvLike
-    traj: Trajectory
-    generator: torch.Generator
-    """The episode's own random stream."""
     slot: int = -1
     """Its slot in the KV cache (-1 before it gets one; the last one it had after it ended)."""
     cached: int = 0
     """Tokens of traj.input_ids whose keys and values are in its slot (all but the newest while live)."""
-    message: list[int] = field(default_factory=list)
-    budget: int = 0
-    """Tokens the current message may sample."""
-    limited: bool = False
-    """The budget comes from a length limit of the episode, not from max_new_tokens."""
 
-    def add(self, ids: list[int], sampled: bool = False, logprob: float = 0.0) -> None:
-        t = self.traj
-        t.input_ids += ids
-        t.loss_mask += [int(sampled)] * len(ids)
-        t.old_logprobs += [logprob] * len(ids)
-
-
-class _Sequences:
-    """Lays down an episode's tokens: the prompt, what the model samples, what the environment answers,
-    within the length limits. Knows the renderer and the environment, never the model."""
-
-    def __init__(self, renderer, cfg: RolloutConfig):
-        self.renderer, self.cfg = renderer, cfg
-
-    def start(self, index: int, env: EnvLike, seed: int) -> _Live:
-        """Reset the environment and lay down the prompt; a prompt over the limits ends it at once."""
-        messages, tools = env.reset()
-        traj = Trajectory(_task_id(env, index), env, [], [], [], 0, False, [dict(m) for m in messages], list(tools))
-        live = _Live(index, env, traj, torch.Generator().manual_seed(seed))
-        ids = self.renderer.prompt_ids(messages, tools)
-        room = self.cfg.max_total_tokens - 1 - len(self.renderer.close_ids)
-        if len(ids) > self.cfg.max_prompt_tokens or len(ids) > room:
-            env.truncate()
-            traj.truncated, traj.exact = True, False
-            return live
-        live.add(ids)
-        traj.prompt_len = len(ids)
-        self.begin_message(live)
-        return live
-
-    def begin_message(self, live: _Live) -> None:
-        cfg, t = self.cfg, live.traj
-        response_left = cfg.max_response_tokens - t.n_sampled
-        total_left = cfg.max_total_tokens - len(t.input_ids) - len(self.renderer.close_ids)
-        live.budget = min(cfg.max_new_tokens, response_left, total_left)
-        live.limited = min(response_left, total_left) <= cfg.max_new_tokens
-        live.message = []
-        assert live.budget >= 1, "a message begins only where at least one token fits"
-
-    def sampled(self, live: _Live, token: int, logprob: float) -> bool:
-        """Add one sampled token; True if it ends the message."""
-        live.add([token], sampled=True, logprob=logprob)
-        live.message.append(token)
-        live.traj.n_sampled += 1
-        return token in self.renderer.stop_ids or len(live.message) >= live.budget
-
-    def end_message(self, live: _Live) -> bool:
-        """The model finished (or was cut off in) a message: step the env, lay down what follows.
-        Returns True if the episode goes on."""
-        r, t, msg = self.renderer, live.traj, live.message
-        t.n_messages += 1
-        stopped = msg[-1] in r.stop_ids
-        if stopped and msg[-1] == r.end_of_turn_id:
-            content_ids = env_ids = msg[:-1]
-        else:
-            # Cut off, or stopped by another end token (kept in the content, so the text still matches):
-            # the template's end-of-turn token closes the turn, not sampled.
-            content_ids, env_ids = msg, (msg[:-1] if stopped else msg)
-            live.add([r.end_of_turn_id])
-        content = r.decode(content_ids)
-        env_text = content if env_ids is content_ids else r.decode(env_ids)
-        t.messages.append({"role": "assistant", "content": content})
-        if not stopped and live.limited:  # out of tokens in mid-message
-            return self.truncate(live)
-        t.n_cut += not stopped
-        result = live.env.step(env_text)
-        if result.done:
-            self.close(live, result.observation)
-            return False
-        if t.n_sampled >= self.cfg.max_response_tokens:
-            return self.truncate(live)
-        if not self.append(live, result.observation, generation_prompt=True, room=1 + len(r.close_ids)):
-            return self.truncate(live)
-        self.begin_message(live)
-        return True
-
-    def append(self, live: _Live, new: list[dict], generation_prompt: bool, room: int) -> bool:
-        """Lay down the tokens of new messages (and the next generation prompt) if they fit."""
-        t = live.traj
-        ids, exact = self.renderer.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
-        if len(t.input_ids) + len(ids) + room > self.cfg.max_total_tokens:
-            return False
-        live.add(ids)
-        t.messages += [dict(m) for m in new]
-        t.exact = t.exact and exact
-        return True
-
-    def close(self, live: _Live, observation: list[dict]) -> None:
-        """End the sequence after the last assistant message (with the final tool results if they fit)."""
-        if not (observation and self.append(live, observation, generation_prompt=False, room=0)):
-            if not self.append(live, [], generation_prompt=False, room=0):
-                live.traj.exact = False
-
-    def truncate(self, live: _Live) -> bool:
-        live.env.truncate()
-        live.traj.truncated = True
-        self.close(live, [])
-        return False
-
-
-def _task_id(env, index: int) -> str:
-    task = getattr(env, "task", None)
-    return str(getattr(task, "id", None) or f"#{index}")
-
-
-# --- batched model work ------------------------------------------------------------------------------
 
 GATHER_SHARE = 0.1
 """A prefill of episodes in slots that are not adjacent copies their caches for one layer at a time;
@@ -470,7 +255,7 @@ class _Batch:
     def __init__(self, policy, cfg: RolloutConfig, slots: int, prefill_tokens: int, temperature: float, stats):
         self.model, self.device, self.cfg, self.pad_id = policy.model, policy.device, cfg, policy.renderer.pad_id
         self.temperature, self.prefill_tokens, self.stats = temperature, prefill_tokens, stats
-        config = _causal_lm(policy.model).config
+        config = causal_lm(policy.model).config
         self.kv = KVSlots(config, slots, cfg.max_total_tokens, policy.dtype, policy.device)
         stats.kv_cache_bytes = max(stats.kv_cache_bytes, self.kv.nbytes)
         self.eager = config._attn_implementation == "eager"  # additive float masks instead of boolean ones
@@ -580,7 +365,7 @@ class _Batch:
 
     # -- decode ------------------------------------------------------------------------------------------
 
-    def decode(self, sequences: _Sequences, hook: LogitsHook | None) -> list[_Live]:
+    def decode(self, sequences: Sequences, hook: LogitsHook | None) -> list[_Live]:
         """One token per live episode per forward until at least one message ends; returns those episodes."""
         rows = self.pack()
         started = time.perf_counter()
@@ -657,7 +442,7 @@ class _Engine:
     def __init__(self, policy, cfg: RolloutConfig, temperature: float, logits_hook, stats, finished: dict):
         self.policy, self.cfg, self.temperature, self.stats = policy, cfg, temperature, stats
         self.logits_hook = logits_hook
-        self.sequences = _Sequences(policy.renderer, cfg)
+        self.sequences = Sequences(policy.renderer, cfg)
         self.finished: dict[int, Trajectory] = finished
         """Episodes that ended, by env index (kept when a later forward runs out of memory)."""
         self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
@@ -673,7 +458,7 @@ class _Engine:
             return False
 
     def _run(self, envs: dict[int, EnvLike], seeds: dict[int, int], batch: _Batch, progress) -> None:
-        lives = [self.sequences.start(i, env, seeds[i]) for i, env in envs.items()]
+        lives = [self.sequences.start(i, env, seeds[i], _Live) for i, env in envs.items()]
         for live in lives:
             if live.traj.truncated:  # its prompt alone was over the limits
                 self._finish(live, progress)
@@ -704,7 +489,7 @@ class _Engine:
 
 
 def _check_cache_layout(model) -> None:
-    lm = _causal_lm(model)
+    lm = causal_lm(model)
     forwards = [type(m).forward for m in (lm, getattr(lm, "model", None)) if m is not None]
     if any("unsloth" in (getattr(f, "__module__", "") or "") for f in forwards):
         raise ConfigError(
@@ -755,7 +540,7 @@ def run_rollouts(
     if len({id(env) for env in envs}) != len(envs):
         raise ValueError("an episode object appears more than once in envs; make one per rollout")
     stats = stats if stats is not None else RolloutStats()
-    task_ids = [_task_id(env, i) for i, env in enumerate(envs)]
+    task_ids = [task_id(env, i) for i, env in enumerate(envs)]
     samples = sample_numbers(task_ids) if samples is None else samples
     assert len(samples) == len(envs), f"{len(samples)} sample numbers for {len(envs)} episodes"
     seeds = {
@@ -813,8 +598,3 @@ def _shrink_rollouts(slots: int, prefill: int, unfinished: int, limits: devices.
         flush=True,
     )
     return slots, prefill
-
-
-def rendered_text(policy, trajectory: Trajectory) -> str:
-    """The chat template's rendering of a trajectory's messages: what decode(input_ids) must equal."""
-    return policy.render(trajectory.messages, trajectory.tools)

@@ -427,7 +427,7 @@ class InProcessUser:
         """One message, greedy at temperature 0; stops at the template's end of turn."""
         import torch
 
-        from seal_mini.engine.rollout import sample_tokens
+        from seal_mini.engine.sequences import sample_tokens
 
         renderer, model = self.policy.renderer, self.policy.model
         ids = renderer.prompt_ids(messages, tools)

@@ -38,6 +38,7 @@ from types import SimpleNamespace
 import torch
 
 from seal_mini.config import Config, ConfigError, load_config
+from seal_mini.engine.logprobs import causal_lm
 
 # The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
 # fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
@@ -219,16 +220,12 @@ class _Filler:
 def _plain_tokens(policy) -> torch.Tensor:
     """(V,) True for ids that decode to plain text (letters, digits, spaces), the only ones the synthetic
     episodes sample: no stop token (messages run to max_new_tokens), nothing a template could trip on."""
-    vocab = _causal_lm(policy.model).config.vocab_size
+    vocab = causal_lm(policy.model).config.vocab_size
     plain = torch.zeros(vocab, dtype=torch.bool)
     for i in range(min(vocab, len(policy.tokenizer))):
         text = policy.renderer.decode([i])
         plain[i] = bool(text.strip()) and all(c.isascii() and (c.isalnum() or c == " ") for c in text)
     return plain.to(policy.device)
-
-
-def _causal_lm(model):
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def synthetic_wave(cfg: Config, filler: _Filler, episodes: int, shrink: int = 1) -> list[SyntheticEpisode]:

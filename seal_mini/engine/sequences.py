@@ -1,0 +1,268 @@
+"""One episode's token sequence: what the model saw and sampled, with its loss_mask and old log-probs.
+
+Each episode is one growing token sequence:
+  prompt (system, tools, first user turn, start of the assistant turn)   loss_mask 0
+  the assistant's tokens, verbatim as sampled (never decoded and re-encoded),
+    with their sampling-time log-probs                                   loss_mask 1
+  whatever the chat template puts next: the end of the turn if the message was cut, tool results,
+    the next user turn, the start of the next assistant turn             loss_mask 0
+Observation tokens come from rendering the whole conversation with the chat template and tokenizing
+only the text beyond what the sequence already spells (seal_mini.engine.render.ChatRenderer.continuation), so
+decoding a finished sequence gives the template's rendering of the episode's messages.
+
+The length limits (rollout.*). A prompt over max_prompt_tokens, or without room for one token under
+max_total_tokens, gives an empty, truncated trajectory. A message may sample max_new_tokens; one cut there
+gets the template's end-of-turn token (loss_mask 0) and goes to the environment as it is (n_cut). A
+message cut sooner by max_response_tokens or max_total_tokens ends the episode (truncated), and so do
+reaching max_response_tokens at the end of a message and an answer of the environment that would leave
+no room for one more token. Room for the template's closing
+tokens is always kept, so a sequence ends as the template ends a conversation.
+
+This module is the bookkeeping of that sequence and nothing else: no model runs here. `Sequences` lays
+an episode's tokens down (prompt, sampled tokens, what the environment answers) within the length
+limits; seal_mini.engine.rollout runs the model for many episodes at once and calls it, and
+seal_mini.engine.reference spells the same rules out for one episode, the plain way. Each episode samples
+from its own random stream (`episode_seed`), so both sample the same tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from seal_mini.config import RolloutConfig
+
+
+class EnvLike(Protocol):
+    """What the engine needs from an episode (seal_mini.envs.episode.Episode and interface wrappers fit)."""
+
+    done: bool
+
+    def reset(self) -> tuple[list[dict], list[dict]]: ...
+
+    def step(self, text: str) -> Any: ...
+
+    def truncate(self) -> None: ...
+
+
+@dataclass
+class Trajectory:
+    """One finished episode: its token sequence with masks and log-probs, and its conversation."""
+
+    task_id: str
+    env: Any
+    """The episode object after it ended (its records feed the verifier and the diagnoser)."""
+    input_ids: list[int]
+    loss_mask: list[int]
+    """1 on tokens the model sampled, 0 on everything else."""
+    old_logprobs: list[float]
+    """Log-prob of each sampled token under the model's own distribution (temperature 1, no top-p)
+    when it was sampled; 0.0 where loss_mask is 0."""
+    prompt_len: int
+    truncated: bool
+    """A length limit (prompt, response or total tokens) ended the episode."""
+    messages: list[dict]
+    """The conversation (env roles: system, user, assistant, tool) whose rendering the tokens spell."""
+    tools: list[dict]
+    n_sampled: int = 0
+    n_messages: int = 0
+    """Model calls (assistant messages)."""
+    n_cut: int = 0
+    """Messages cut at rollout.max_new_tokens (their end-of-turn token was appended, loss_mask 0)."""
+    exact: bool = True
+    """decode(input_ids) == render(messages). False only when the template rewrites an assistant
+    message (e.g. strips whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+
+
+LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
+"""(env index of each row, ids sampled so far in each row's message, logits (R, V)) -> logits to sample
+from. Only sampling sees the result; old_logprobs always come from the model's own logits."""
+
+
+# --- sampling (pure) --------------------------------------------------------------------------------
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """(R, V) logits -> (R,) token ids. Temperature 0 is greedy; top_p < 1 keeps the smallest set of
+    tokens whose probability reaches top_p. Row r uses uniforms[r] if given, else a draw from `generator`."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (R, V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        outside = sorted_p.cumsum(dim=-1) - sorted_p >= top_p  # mass before this token already reaches top_p
+        sorted_p = sorted_p.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    # Inverse-CDF sampling: one uniform per row (a CPU generator gives the same draws on any device) moves
+    # to the logits' device, so the (R, V) probabilities never leave the GPU.
+    if uniforms is None:
+        uniforms = torch.rand(
+            probs.shape[0], generator=generator, device=generator.device if generator else probs.device
+        )
+    assert uniforms.shape == (probs.shape[0],), f"need one uniform per row, got {tuple(uniforms.shape)}"
+    cdf = probs.double().cumsum(dim=-1)  # (R, V), float64 so the tail of a large vocabulary keeps its mass
+    target = uniforms.to(probs.device, torch.float64)[:, None] * cdf[:, -1:]  # (R, 1)
+    # right=True: the first token whose cumulative mass exceeds the target, which has mass > 0
+    tokens = torch.searchsorted(cdf, target, right=True).squeeze(-1)  # (R,)
+    return tokens.clamp(max=probs.shape[-1] - 1)
+
+
+def sample_numbers(task_ids: list[str]) -> list[int]:
+    """For each episode, how many episodes of the same task come before it: the `sample` of its stream."""
+    seen: dict[str, int] = {}
+    out = []
+    for task in task_ids:
+        seen[task] = seen.get(task, -1) + 1
+        out.append(seen[task])
+    return out
+
+
+def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
+    """The seed of one episode's random stream: a hash of (seed..., task id, sample number), so the
+    stream is the same whichever episodes run beside it, in whatever order."""
+    key = "/".join(str(s) for s in (*(seed if isinstance(seed, tuple) else (seed,)), task_id, sample))
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+def task_id(env, index: int) -> str:
+    """The id of an episode's task (`#index` for an environment without one)."""
+    task = getattr(env, "task", None)
+    return str(getattr(task, "id", None) or f"#{index}")
+
+
+# --- one episode's sequence ---------------------------------------------------------------------------
+
+
+@dataclass
+class LiveEpisode:
+    """One episode while it runs: its trajectory so far and the message being sampled."""
+
+    index: int
+    """Its place in the list of episodes of the call."""
+    env: EnvLike
+    traj: Trajectory
+    generator: torch.Generator
+    """The episode's own random stream."""
+    message: list[int] = field(default_factory=list)
+    budget: int = 0
+    """Tokens the current message may sample."""
+    limited: bool = False
+    """The budget comes from a length limit of the episode, not from max_new_tokens."""
+
+    def add(self, ids: list[int], sampled: bool = False, logprob: float = 0.0) -> None:
+        """Append tokens with their loss_mask (1 if sampled) and old log-prob (0.0 unless sampled)."""
+        t = self.traj
+        t.input_ids += ids
+        t.loss_mask += [int(sampled)] * len(ids)
+        t.old_logprobs += [logprob] * len(ids)
+
+
+class Sequences:
+    """Lays down an episode's tokens: the prompt, what the model samples, what the environment answers,
+    within the length limits. Knows the renderer and the environment, never the model."""
+
+    def __init__(self, renderer, cfg: RolloutConfig):
+        self.renderer, self.cfg = renderer, cfg
+
+    def start(self, index: int, env: EnvLike, seed: int, kind: type[LiveEpisode] = LiveEpisode) -> LiveEpisode:
+        """Reset the environment and lay down the prompt; a prompt over the limits ends it at once.
+        `kind` is the class of the returned state (the batched engine adds its cache slot to it)."""
+        messages, tools = env.reset()
+        traj = Trajectory(task_id(env, index), env, [], [], [], 0, False, [dict(m) for m in messages], list(tools))
+        live = kind(index, env, traj, torch.Generator().manual_seed(seed))
+        ids = self.renderer.prompt_ids(messages, tools)
+        room = self.cfg.max_total_tokens - 1 - len(self.renderer.close_ids)
+        if len(ids) > self.cfg.max_prompt_tokens or len(ids) > room:
+            env.truncate()
+            traj.truncated, traj.exact = True, False
+            return live
+        live.add(ids)
+        traj.prompt_len = len(ids)
+        self.begin_message(live)
+        return live
+
+    def begin_message(self, live: LiveEpisode) -> None:
+        """Start a new message: it may sample up to max_new_tokens, fewer if a length limit is nearer."""
+        cfg, t = self.cfg, live.traj
+        response_left = cfg.max_response_tokens - t.n_sampled
+        total_left = cfg.max_total_tokens - len(t.input_ids) - len(self.renderer.close_ids)
+        live.budget = min(cfg.max_new_tokens, response_left, total_left)
+        live.limited = min(response_left, total_left) <= cfg.max_new_tokens
+        live.message = []
+        assert live.budget >= 1, "a message begins only where at least one token fits"
+
+    def sampled(self, live: LiveEpisode, token: int, logprob: float) -> bool:
+        """Add one sampled token; True if it ends the message."""
+        live.add([token], sampled=True, logprob=logprob)
+        live.message.append(token)
+        live.traj.n_sampled += 1
+        return token in self.renderer.stop_ids or len(live.message) >= live.budget
+
+    def end_message(self, live: LiveEpisode) -> bool:
+        """The model finished (or was cut off in) a message: step the env, lay down what follows.
+        Returns True if the episode goes on."""
+        r, t, msg = self.renderer, live.traj, live.message
+        t.n_messages += 1
+        stopped = msg[-1] in r.stop_ids
+        if stopped and msg[-1] == r.end_of_turn_id:
+            content_ids = env_ids = msg[:-1]
+        else:
+            # Cut off, or stopped by another end token (kept in the content, so the text still matches):
+            # the template's end-of-turn token closes the turn, not sampled.
+            content_ids, env_ids = msg, (msg[:-1] if stopped else msg)
+            live.add([r.end_of_turn_id])
+        content = r.decode(content_ids)
+        env_text = content if env_ids is content_ids else r.decode(env_ids)
+        t.messages.append({"role": "assistant", "content": content})
+        if not stopped and live.limited:  # out of tokens in mid-message
+            return self.truncate(live)
+        t.n_cut += not stopped
+        result = live.env.step(env_text)
+        if result.done:
+            self.close(live, result.observation)
+            return False
+        if t.n_sampled >= self.cfg.max_response_tokens:
+            return self.truncate(live)
+        if not self.append(live, result.observation, generation_prompt=True, room=1 + len(r.close_ids)):
+            return self.truncate(live)
+        self.begin_message(live)
+        return True
+
+    def append(self, live: LiveEpisode, new: list[dict], generation_prompt: bool, room: int) -> bool:
+        """Lay down the tokens of new messages (and the next generation prompt) if they fit."""
+        t = live.traj
+        ids, exact = self.renderer.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
+        if len(t.input_ids) + len(ids) + room > self.cfg.max_total_tokens:
+            return False
+        live.add(ids)
+        t.messages += [dict(m) for m in new]
+        t.exact = t.exact and exact
+        return True
+
+    def close(self, live: LiveEpisode, observation: list[dict]) -> None:
+        """End the sequence after the last assistant message (with the final tool results if they fit)."""
+        if not (observation and self.append(live, observation, generation_prompt=False, room=0)):
+            if not self.append(live, [], generation_prompt=False, room=0):
+                live.traj.exact = False
+
+    def truncate(self, live: LiveEpisode) -> bool:
+        """A length limit ends the episode: the env is told, the sequence closed. Returns False (it ends)."""
+        live.env.truncate()
+        live.traj.truncated = True
+        self.close(live, [])
+        return False
+
+
+def rendered_text(policy, trajectory: Trajectory) -> str:
+    """The chat template's rendering of a trajectory's messages: what decode(input_ids) must equal."""
+    return policy.render(trajectory.messages, trajectory.tools)
