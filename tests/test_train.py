@@ -352,7 +352,7 @@ def _update_policy(overrides=()):
 
 def _made_up_round(policy, n: int = 8):
     """n made-up trajectories (random tokens, 20 + 7i long, ~60% of them sampled) and advantages, from a seed."""
-    from seal_mini.engine.rollout import Trajectory
+    from seal_mini.engine.sequences import Trajectory
 
     g = torch.Generator().manual_seed(1)
     trajs = []

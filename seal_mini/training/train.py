@@ -72,7 +72,8 @@ from seal_mini.distributed import (
 from seal_mini.engine.device import MemoryLimits, release_memory
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy, save_adapter
-from seal_mini.engine.rollout import Trajectory, run_rollouts, sample_numbers
+from seal_mini.engine.rollout import run_rollouts
+from seal_mini.engine.sequences import Trajectory, sample_numbers
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.splits import load_split, pick
