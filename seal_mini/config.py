@@ -601,6 +601,11 @@ class Config:
             "sft.tasks_per_category",
             "applies to data.source=practice only (BFCL has its training split); set it to 0",
         )
+        _check(
+            self.model.name != "scratch" or self.sft.enabled,
+            "model.name",
+            "scratch is built by the warm start (its tokenizer learns the training tasks); set sft.enabled: true",
+        )
         _one_of(self.device, ("auto", "cpu", "cuda"), "device")
         _check(self.cpu_threads >= 0, "cpu_threads", "must be >= 0 (0 = torch's default)")
         for f in dataclasses.fields(self):

@@ -37,6 +37,7 @@ def test_recipe_base_chain_and_partial_rho(tmp_path):
         ("diagnosis.rho.pass=-1", "diagnosis.rho.pass: must be > 0"),
         ("interface.enabled=maybe", "interface.enabled: expected true/false"),
         ("data.categories=[base, web]", "data.categories: unknown category 'web'"),
+        ("model.name=scratch", "model.name: scratch is built by the warm start"),
         ("train.mini_batch_tasks=5", "train.mini_batch_tasks: must divide tasks_per_step"),
         ("steps", "expected key.sub=value"),
         ("train.diagnose=false", "train.reweight: needs train.diagnose"),

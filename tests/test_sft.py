@@ -9,9 +9,11 @@ import torch
 
 from seal_mini.config import FAULT_KINDS, ConfigError, load_config
 from seal_mini.core.faults import FAULTS
+from seal_mini.core.interface import shown_texts
 from seal_mini.engine.policy import Policy, build_scratch, load_policy, warm_start_dir
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.rollout import run_rollouts
+from seal_mini.engine.scratch import task_corpus
 from seal_mini.envs import practice
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.runio import read_json
@@ -46,7 +48,7 @@ def practice_cfg(tmp_path, *extra):
 def scratch_policy(tmp_path_factory):
     cfg = practice_cfg(tmp_path_factory.mktemp("p"))
     tasks = pick(load_split(cfg)["train"], 12)
-    model, tokenizer = build_scratch(cfg, tasks)
+    model, tokenizer = build_scratch(cfg, task_corpus(tasks) + shown_texts())
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))

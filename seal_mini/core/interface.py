@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from seal_mini.config import ConfigError, InterfaceConfig
+from seal_mini.engine.render import KEEP_DEFAULT_SYSTEM
 from seal_mini.envs.bfcl import to_chat_tool
 from seal_mini.envs.episode import CallEvent, Episode, StepResult, TurnRecord, render_new_tools
 from seal_mini.labels import REGISTRY, require_labels
@@ -294,12 +295,6 @@ def feedback(event: CallEvent, schema: dict | None) -> str:
     return FEEDBACK.replace("{name}", name).replace("{constraint}", constraint)
 
 
-KEEP_DEFAULT_SYSTEM = "keep_default_system"
-"""Key of the system message the interface adds when a task has none: the chat renderer writes it after the
-template's default system text (Qwen2.5's "You are Qwen, ..."), which a plain system message would replace.
-So a prompt with the note is the prompt without it plus the note, nothing else (seal_mini/engine/render.py)."""
-
-
 def _with_system(messages: list[dict], text: str) -> list[dict]:
     """Add the note to the system text: merged into the task's own system message if it has one, else a
     system message that keeps the template's default system text before it."""
@@ -438,3 +433,12 @@ def active_cues(interface: dict | None) -> list[str]:
         if isinstance(v, list):
             names += [f"{k}:{item}" for item in v]
     return sorted(names)
+
+
+def shown_texts() -> list[str]:
+    """Every text the interface can add to what the model sees (notes, guidelines, feedback): a tokenizer
+    built from scratch learns them with the tasks, so switching a cue on never shows it unknown pieces."""
+    texts = [SCHEMA_NOTE, GUIDELINES_HEADER, FEEDBACK]
+    texts += [text for _, text in GUIDELINES.values()]
+    texts += [f"{name}. {constraint}" for name, constraint in ERROR_CLASSES.values()]
+    return texts

@@ -119,29 +119,27 @@ def warm_start_dir(cfg: Config) -> Path:
     return cfg.run_dir / WARM_START
 
 
-def build_scratch(cfg: Config, tasks: list | None = None):
-    """(random causal LM, tokenizer) for model.name: scratch: a BPE tokenizer trained on the training
-    tasks (and the interface's cue texts), a Qwen2 sized by model.scratch, weights from cfg.seed."""
+def build_scratch(cfg: Config, corpus: list[str]):
+    """(random causal LM, tokenizer) for model.name: scratch: a BPE tokenizer trained on `corpus` (the
+    training tasks as the template renders them, and the interface's texts: seal_mini.training.sft builds
+    it), a Qwen2 sized by model.scratch, weights from cfg.seed."""
     from seal_mini.engine import scratch
 
-    if tasks is None:
-        from seal_mini.envs.splits import load_split, pick
-
-        tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
     size = cfg.model.scratch
-    corpus = scratch.task_corpus(tasks) + scratch.cue_texts()
     tokenizer = scratch.chat_tokenizer(scratch.train_tokenizer_json(corpus, size.vocab))
     model = scratch.random_model(tokenizer, cfg.seed, size.hidden, size.layers, size.heads, size.kv_heads, size.mlp)
     return model, tokenizer
 
 
-def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, tasks: list | None = None):
+def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: list[str] | None = None):
     """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it.
-    With sft.enabled the backbone is the run's warm start (seal_mini/training/sft.py), not model.name."""
+    With sft.enabled the backbone is the run's warm start (seal_mini/training/sft.py), not model.name;
+    `corpus` is given while that warm start is being built (a model built from scratch learns its
+    tokenizer from it)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
     name = cfg.model.name
-    if cfg.sft.enabled and tasks is None:  # tasks are given while the warm start itself is being built
+    if cfg.sft.enabled and corpus is None:  # a corpus is given while the warm start itself is being built
         name = str(warm_start_dir(cfg))
         if not (Path(name) / "config.json").is_file():
             raise ConfigError(
@@ -154,7 +152,9 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, tasks: l
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(device=device, dtype=dtype), tokenizer
     elif name == SCRATCH:
-        model, tokenizer = build_scratch(cfg, tasks)
+        if corpus is None:
+            raise ConfigError("model.name: scratch is built by the warm start; set sft.enabled: true")
+        model, tokenizer = build_scratch(cfg, corpus)
         return model.to(device=device, dtype=dtype), tokenizer
 
     kwargs: dict = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation}
@@ -201,13 +201,13 @@ def use_cpu_threads(cfg: Config) -> None:
         torch.set_num_threads(cfg.cpu_threads)
 
 
-def load_backbone(cfg: Config, tasks: list):
-    """(model, tokenizer, renderer, device) without adapter, for building the warm start on `tasks`:
-    model.name itself (a model built from scratch: its tokenizer learns from these tasks)."""
+def load_backbone(cfg: Config, corpus: list[str]):
+    """(model, tokenizer, renderer, device) without adapter, for building the warm start: model.name
+    itself (a model built from scratch learns its tokenizer from `corpus`)."""
     device = resolve_device(cfg.device)
     use_cpu_threads(cfg)
     dtype, _ = compute_dtype(cfg.model.dtype, device)
-    model, tokenizer = load_hf_base(cfg, device, dtype, tasks)
+    model, tokenizer = load_hf_base(cfg, device, dtype, corpus)
     if cfg.model.attn_implementation == "sdpa":
         model.set_attn_implementation(attention.register())
     return model, tokenizer, ChatRenderer(tokenizer, cfg.model.tool_format), device

@@ -24,8 +24,11 @@ import json
 import jinja2
 
 from seal_mini.config import ConfigError
-from seal_mini.core.interface import KEEP_DEFAULT_SYSTEM
 
+KEEP_DEFAULT_SYSTEM = "keep_default_system"
+"""Key that marks a system message to be written after the template's default system text (Qwen2.5's
+"You are Qwen, ..."), which a plain system message would replace. The training interface marks its note
+this way, so a prompt with the note is the prompt without it plus the note, nothing else."""
 _MARKER = "SEAL_MINI_MARKER"
 _PROBE_TOOLS = [
     {

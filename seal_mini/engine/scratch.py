@@ -137,16 +137,6 @@ def random_model(
     return model.float().eval()
 
 
-def cue_texts() -> list[str]:
-    """Every text the training-time interface can add, so the tokenizer learns them too."""
-    from seal_mini.core import interface
-
-    texts = [interface.SCHEMA_NOTE, interface.GUIDELINES_HEADER, interface.FEEDBACK]
-    texts += [text for _, text in interface.GUIDELINES.values()]
-    texts += [f"{name}. {constraint}" for name, constraint in interface.ERROR_CLASSES.values()]
-    return texts
-
-
 def task_corpus(tasks, chat_template: str = CHAT_TEMPLATE) -> list[str]:
     """Texts of a task set as the model will see them: each task's ground truth played through the
     environment and rendered by the chat template (framing, tool block, turns, calls in the model's

@@ -40,9 +40,10 @@ import torch
 from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, plan, turn_messages
-from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState
+from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState, shown_texts
 from seal_mini.engine.logprobs import right_pad, token_logprobs
-from seal_mini.engine.policy import WARM_START, warm_start_dir
+from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
+from seal_mini.engine.scratch import task_corpus
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
@@ -50,7 +51,9 @@ from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.runio import new_dir, read_json, run_lock, write_json
 
-assert set(FAULT_KINDS) <= set(BUILDERS), "config.FAULT_KINDS must be fault kinds diagnose_check builds"
+assert set(FAULT_KINDS) <= set(BUILDERS), (
+    "config.FAULT_KINDS must be fault kinds seal_mini.core.faults builds (BUILDERS)"
+)
 
 ABSTAIN_TEXT = "I need more details or another tool to do that."
 """The demonstrations' reply on a turn whose ground truth makes no call."""
@@ -274,7 +277,8 @@ def run_sft(cfg: Config) -> Path:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     tasks = demonstrated_tasks(cfg)
-    model, tokenizer, renderer, device = load_backbone(cfg, tasks)
+    corpus = task_corpus(tasks) + shown_texts() if cfg.model.name == SCRATCH else []  # its tokenizer's texts
+    model, tokenizer, renderer, device = load_backbone(cfg, corpus)
     demos, stats = build_demonstrations(cfg, tasks, renderer)
     if not demos:
         raise ConfigError("sft: no demonstration fits sft.max_tokens (0: rollout.max_total_tokens); raise it")
