@@ -203,6 +203,35 @@ def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(
     assert "instance_mismatch" in read_json(cfg.run_dir / "rounds" / "step_0001.json")["rho"]
 
 
+def test_a_checkpoint_of_another_loop_version_is_refused_not_continued(tmp_path, monkeypatch):
+    """A checkpoint written before the whole-epoch schedule and the rho timing (no "loop" key: version 1)
+    would continue as a different run: resume refuses it and names --restart."""
+    import json
+
+    from seal_mini.runio import read_json
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    cfg = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=v1", "train.steps=2"])
+    real_save = train_module.save_checkpoint
+
+    def save_then_stop(run_dir, policy, optimizer, scheduler, state):
+        real_save(run_dir, policy, optimizer, scheduler, state)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        train_module.train(cfg)
+    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    saved = cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
+    state = read_json(saved)
+    assert state.pop("loop") == train_module.LOOP_VERSION
+    saved.write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="loop version 1 .* --restart"):
+        train_module.train(cfg, resume=True)
+    train_module.train(cfg, restart=True)  # what the message offers works
+    assert read_json(cfg.run_dir / "checkpoint" / "step_0002" / "state.json")["loop"] == train_module.LOOP_VERSION
+
+
 def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_path, monkeypatch):
     """diagnosis.rho_update=ema: step t diagnoses, profiles C_t, moves rho_{t-1} to rho_t with C_t, and only then
     weighs its trajectories, with rho_t (rounds/step_t.json records the rho the round weighed with)."""

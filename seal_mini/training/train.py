@@ -402,6 +402,13 @@ def check_finite_weights(policy, what: str) -> None:
         )
 
 
+LOOP_VERSION = 2
+"""What a checkpoint's loop is. A change that would make a resumed run differ from the one that wrote the
+checkpoint (which tasks a step draws, which rho weighs a round, what the prompts say) raises it, and a
+checkpoint of another version is refused rather than continued as a different run. 2: whole epochs, rho_t
+from the round's own profile, the interface's note after the template's default system text."""
+
+
 def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopState) -> None:
     """Adapter, optimizer, scheduler, RNG states and loop state as checkpoint/step_NNNN: written whole
     under a temporary name and made durable before it gets its name; only then does the oldest go.
@@ -414,6 +421,7 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
         write_json(
             tmp / "state.json",
             {
+                "loop": LOOP_VERSION,
                 "step": state.step,
                 "interface": state.interface.to_dict() if state.interface else None,
                 "rho": state.rho,
@@ -435,6 +443,13 @@ def checkpoint_fix(found: list[Path]) -> str:
 def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restore the file") -> LoopState:
     from peft import set_peft_model_state_dict
 
+    saved = read_json(path / "state.json", fix)
+    if saved.get("loop", 1) != LOOP_VERSION:  # checkpoints before versions were written are version 1
+        raise ConfigError(
+            f"{path} was written by loop version {saved.get('loop', 1)} and this kit runs version {LOOP_VERSION} "
+            "(see LOOP_VERSION in seal_mini/training/train.py): continued, it would not be the run it started as. "
+            "Start it again with --restart (its results are moved aside), or finish it with the kit that began it"
+        )
     weights = read_safetensors(path / "adapter" / "adapter_model.safetensors", fix)
     bad = nonfinite_tensors(weights)
     if bad:  # never continue from a diverged step (save_checkpoint refuses them; this file got them anyway)
@@ -449,7 +464,6 @@ def load_checkpoint(path: Path, policy, optimizer, scheduler, fix: str = "restor
     rng = read_torch(path / "rng.pt", fix)
     random.setstate(rng["python"])
     torch.set_rng_state(rng["torch"])
-    saved = read_json(path / "state.json", fix)
     interface = InterfaceState.from_dict(saved["interface"]) if saved["interface"] else None
     return LoopState(step=saved["step"], interface=interface, rho=saved["rho"], profile=saved["profile"])
 
