@@ -295,19 +295,21 @@ class InterfaceConfig:
 
 # Named choices of the update (the math behind each name is in seal_mini/core/grpo.py, which refuses to
 # import unless its tables hold exactly these names).
-ADV_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-OLD_LOGPROBS = ("sampled", "recompute")
+ADV_ESTIMATOR_NAMES = ("grpo", "dr_grpo", "rloo")
+LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+OLD_LOGPROBS_NAMES = ("sampled", "recompute")
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 72
-    """Policy updates (rounds). The paper runs 72 = 6 epochs x 12 over 400 tasks."""
+    steps: int = 78
+    """Policy updates (rounds): 6 whole epochs of 400 tasks, each dealt into 13 steps of 30-31 tasks (the
+    paper's 72 = 6 x 12 steps of 32 leave 16 tasks out of every epoch; README, "Choices")."""
     tasks_per_step: int = 32
-    """B: tasks sampled per round (B x G episodes)."""
+    """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) rounds of
+    near-equal size."""
     mini_batch_tasks: int = 8
-    """Tasks per optimizer step (PPO mini-batch); B / this = optimizer steps per round."""
+    """Tasks per optimizer step (PPO mini-batch); a round's last mini-batch holds what is left."""
     micro_batch: int = 1
     """Sequences per forward/backward; gradients accumulate over a mini-batch."""
     lr: float = 1e-5
@@ -349,7 +351,7 @@ class TrainConfig:
     """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
     diagnose: bool = True
     """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
-    eval_every: int = 12
+    eval_every: int = 13
     """Held-in evaluation during training every N steps, before the last (0 = none). The pipeline evaluates
     the backbone and the final adapter after training in any case."""
     save_every: int = 1
@@ -372,10 +374,10 @@ class TrainConfig:
         _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
         _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
-        _one_of(self.adv_estimator, ADV_ESTIMATORS, f"{key}.adv_estimator")
-        _one_of(self.loss_agg, LOSS_AGGREGATIONS, f"{key}.loss_agg")
+        _one_of(self.adv_estimator, ADV_ESTIMATOR_NAMES, f"{key}.adv_estimator")
+        _one_of(self.loss_agg, LOSS_AGG_NAMES, f"{key}.loss_agg")
         _check(self.token_sum_norm >= 0, f"{key}.token_sum_norm", "must be >= 0 (0 = rollout.max_response_tokens)")
-        _one_of(self.old_logprobs, OLD_LOGPROBS, f"{key}.old_logprobs")
+        _one_of(self.old_logprobs, OLD_LOGPROBS_NAMES, f"{key}.old_logprobs")
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
         _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
         _check(self.save_every > 0, f"{key}.save_every", "must be > 0")

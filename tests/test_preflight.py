@@ -29,7 +29,7 @@ def test_preflight_runs_the_recipe_at_a_shrunk_scale_on_cpu(capsys):
     assert r["prefill_tok_per_s"] > 0 and r["decode_tok_per_s"] > 0 and r["slots"] >= 1
     assert result["update_max"]["tokens"] == r["longest_tokens"] and result["update_typical"]["tok_per_s"] > 0
     p = result["projection"]
-    assert p["run_h"] > 0 and p["eval_episodes"] == 400 * (5 + 2)  # 5 evaluations during 72 steps, then 2
+    assert p["run_h"] > 0 and p["eval_episodes"] == 400 * (5 + 2)  # 5 evaluations during 78 steps, then 2
     assert any(line.startswith("[device] cpu") for line in lines)  # the start banner
     assert any("shrunk scale" in line for line in lines)
 

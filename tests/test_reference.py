@@ -1,8 +1,8 @@
 """The batched rollout engine against the reference rollout (one episode, one full forward per token).
 
 Same episodes, same seeds: the engine (KV slots handed from episode to episode, a shared prompt prefix,
-batched prefill with padding, decode across slots) must lay down the same tokens, loss_mask and messages, stop and truncate at the same places, and
-give the same old log-probs as the plain loop in seal_mini.engine.reference, up to float rounding.
+batched prefill with padding, decode across slots) must lay down the same tokens, loss_mask and messages,
+stop and truncate at the same places, and give the same old log-probs as the plain loop in seal_mini.engine.reference, up to float rounding.
 
 Tolerance on log-probs: 1e-5 (float32 on the CPU). The engine and the reference run the same weights on
 the same tokens, but the engine's attention reads cached keys through masks, in batches with padding,

@@ -11,7 +11,7 @@ The evidence for turn k of an episode:
 
 The ground-truth reference is the same for all G samples of a task, so it is computed once per task and
 kept in an LRU cache that holds the training set. Nothing here evaluates text: reference calls are parsed
-with seal_mini.programs.oracle.ground_truth_call and dispatched to the back-end methods directly, and the model's
+with seal_mini.envs.scripted.ground_truth_call and dispatched to the back-end methods directly, and the model's
 recorded calls are replayed through seal_mini.envs.harness.run_call, as the episode ran them.
 
 Cost: the rules compare only the back ends a turn could have changed (back ends never touch each
@@ -99,7 +99,7 @@ _references: OrderedDict[str, Reference] = OrderedDict()
 
 
 def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
-    """Public state per class, as env.state_of, but cheaper: a class whose state did not change since
+    """Public state per class, as seal_mini.envs.episode.state_of, but cheaper: a class whose state did not change since
     `previous` shares that snapshot (snapshots are never mutated), and a copy is a pickle round trip,
     about three times faster than deepcopy on these states."""
     out = {}

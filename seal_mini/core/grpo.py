@@ -23,8 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from seal_mini.config import ADV_ESTIMATORS
-from seal_mini.config import LOSS_AGGREGATIONS as LOSS_AGGREGATION_NAMES
+from seal_mini.config import ADV_ESTIMATOR_NAMES, LOSS_AGG_NAMES
 from seal_mini.labels import RHO_HELD
 
 PROFILE_KEYS = ("count", "prevalence", "success_rate")
@@ -48,7 +47,7 @@ def _group_index(n: int, group_ids) -> torch.Tensor:
 # --- LEARNER EDIT POINT: advantage estimators ----------------------------------------------------
 # Each maps the rewards of one task group, r (G,) with G >= 2 and not all equal, to advantages (G,).
 # A new estimator is one function here, one entry in ADVANTAGE_ESTIMATORS and its name in
-# config.ADV_ESTIMATORS; then train.adv_estimator=NAME picks it.
+# config.ADV_ESTIMATOR_NAMES; then train.adv_estimator=NAME picks it.
 
 
 def grpo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
@@ -163,7 +162,7 @@ def ema_rho(
     for z, base in rho_base.items():
         entry = profile.get(z)
         boost = 0.0
-        if entry is not None and entry["count"] > 0:  # absent labels (success_rate None) do not move
+        if entry is not None and entry["count"] > 0:  # an absent label's target is its base: it relaxes back
             missing = [k for k in PROFILE_KEYS if k not in entry]
             assert not missing, f"profile entry {z!r} lacks {missing}"
             confidence = min(1.0, entry["count"] / count_scale)  # few sightings move rho little
@@ -315,8 +314,8 @@ def policy_loss(
 def _check_tables() -> None:
     """The named choices of the config and the tables here must hold the same names (at import)."""
     for what, table, names in (
-        ("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, ADV_ESTIMATORS),
-        ("LOSS_AGGREGATIONS", LOSS_AGGREGATIONS, LOSS_AGGREGATION_NAMES),
+        ("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, ADV_ESTIMATOR_NAMES),
+        ("LOSS_AGGREGATIONS", LOSS_AGGREGATIONS, LOSS_AGG_NAMES),
     ):
         if set(table) != set(names):
             raise ImportError(

@@ -52,7 +52,7 @@ class ModelAgent:
 
 
 class ScriptedAgent:
-    """A scripted policy from seal_mini.programs.oracle (ground_truth, empty, drop_last_call)."""
+    """A scripted policy from seal_mini.envs.scripted.POLICIES (ground_truth, empty, drop_last_call)."""
 
     def __init__(self, mode: str):
         if mode not in POLICIES:

@@ -16,7 +16,7 @@ Snapshots are written by the back ends themselves, under <out_dir>/<tag>.memory/
 Episodes are seal_mini.envs.episode.Episode on these back ends, so model policies run through the same
 rollout engine, tool-call parsing and limits as the held-in evaluation. Nothing here needs the
 network except web search, which runs only when SERPAPI_API_KEY is set; everything else runs inside
-seal_mini.evaluation.suites.loopback_only().
+seal_mini.evaluation.ood.loopback_only().
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ SCRIPTED = {"answer": _play_answer, "empty": _play_empty, "memorize": _play_memo
 
 
 class ScriptedAgenticAgent:
-    """A scripted policy (SCRIPTED) with the agent interface of seal_mini.evaluation.heldin.ModelAgent."""
+    """A scripted policy (SCRIPTED) with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
 
     def __init__(self, mode: str):
         if mode not in SCRIPTED:

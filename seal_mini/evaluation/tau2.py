@@ -30,7 +30,7 @@ a time so that the rollout engine can drive it, and hands the finished conversat
            OpenAI-compatible server on loopback (ood.user_api_base), or `ScriptedUser` (tests).
 
 tau2 and litellm are imported lazily, offline (no cost map or other fetch at import), and the whole
-suite runs inside `seal_mini.evaluation.suites.loopback_only()`.
+suite runs inside `seal_mini.evaluation.ood.loopback_only()`.
 """
 
 from __future__ import annotations

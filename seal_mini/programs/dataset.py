@@ -1,7 +1,7 @@
 """A run directory as Hugging Face datasets: every rollout, every turn label, every evaluated episode.
 
-    from seal_mini.programs import dataset as runs
-    ds = runs.load("runs/qwen2_5_3b_seal")     # a datasets.DatasetDict derived from the run's files
+    from seal_mini.programs import dataset
+    ds = dataset.load("runs/qwen2_5_3b_seal")     # a datasets.DatasetDict derived from the run's files
     ds["trajectories"].to_pandas().groupby("step").reward.mean()
     ds["turns"].filter(lambda r: r["label"] == "state_mismatch")
 
