@@ -106,8 +106,8 @@ def test_collectives_on_two_processes(tmp_path):
     mp.spawn(_collectives, args=(str(tmp_path),), nprocs=2, join=True)
 
 
-class _Recorder:
-    """An optimizer that records the gradient each step would apply."""
+class Recorder:
+    """An optimizer that records the gradient each step would apply (and applies nothing)."""
 
     def __init__(self, params):
         self.params, self.grads = params, []
@@ -120,7 +120,9 @@ class _Recorder:
             p.grad = None
 
 
-class _NoSchedule:
+class NoSchedule:
+    """A learning-rate schedule that never moves."""
+
     def step(self):
         pass
 
@@ -155,7 +157,9 @@ def _round(policy, n_tasks: int, group_size: int) -> tuple[list[Trajectory], tor
     return trajs, torch.randn(len(trajs), generator=g)
 
 
-def _update_on_rank(rank: int, folder: str) -> None:
+def _update_on_rank(rank: int, folder: str, nan_on_rank_1: bool = False) -> None:
+    """One update of the made-up round on this rank's share; its gradients and metrics go to rank{rank}.pt.
+    nan_on_rank_1: episode 7, rank 1's and in mini-batch 1 (episodes 4-7), gets a NaN advantage there alone."""
     from seal_mini.engine.policy import load_policy
     from seal_mini.training.train import update
 
@@ -163,20 +167,21 @@ def _update_on_rank(rank: int, folder: str) -> None:
     try:
         cfg = load_config(overrides=UPDATE)
         policy = load_policy(cfg, banner=False)
-        _perturb(policy)
+        perturb(policy)
         trajs, adv = _round(policy, cfg.train.tasks_per_step, cfg.rollout.group_size)
         G = cfg.rollout.group_size
         mine = [k * G + s for k in distributed.share(cfg.train.tasks_per_step) for s in range(G)]
-        recorder = _Recorder(policy.trainable_parameters())
-        metrics = update(policy, recorder, _NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
-        if rank == 0:
-            torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/two_ranks.pt")
+        if nan_on_rank_1 and rank == 1:
+            adv[7] = float("nan")
+        recorder = Recorder(policy.trainable_parameters())
+        metrics = update(policy, recorder, NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
+        torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/rank{rank}.pt")
         dist.barrier()  # leave together: tearing down while the other rank still talks can abort it
     finally:
         dist.destroy_process_group()
 
 
-def _perturb(policy) -> None:
+def perturb(policy) -> None:
     """LoRA B starts at zero, which makes half the gradients zero; give every weight a value."""
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
@@ -191,17 +196,17 @@ def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
     from seal_mini.training.train import update
 
     mp.spawn(_update_on_rank, args=(str(tmp_path),), nprocs=2, join=True)
-    two = torch.load(tmp_path / "two_ranks.pt")
+    two = torch.load(tmp_path / "rank0.pt")
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = load_config(overrides=UPDATE)
         policy = load_policy(cfg, banner=False)
-        _perturb(policy)
+        perturb(policy)
         trajs, adv = _round(policy, cfg.train.tasks_per_step, cfg.rollout.group_size)
-        recorder = _Recorder(policy.trainable_parameters())
-        metrics = update(policy, recorder, _NoSchedule(), trajs, adv, cfg)
+        recorder = Recorder(policy.trainable_parameters())
+        metrics = update(policy, recorder, NoSchedule(), trajs, adv, cfg)
     finally:
         torch.set_num_threads(threads)
 
@@ -218,32 +223,10 @@ def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
         assert math.isclose(v, two["metrics"][k], rel_tol=1e-5, abs_tol=1e-9), k
 
 
-def _nan_on_rank_1(rank: int, folder: str) -> None:
-    from seal_mini.engine.policy import load_policy
-    from seal_mini.training.train import update
-
-    _join(rank, folder)
-    try:
-        cfg = load_config(overrides=UPDATE)
-        policy = load_policy(cfg, banner=False)
-        _perturb(policy)
-        trajs, adv = _round(policy, cfg.train.tasks_per_step, cfg.rollout.group_size)
-        G = cfg.rollout.group_size
-        mine = [k * G + s for k in distributed.share(cfg.train.tasks_per_step) for s in range(G)]
-        if rank == 1:
-            adv[7] = float("nan")  # episode 7 is rank 1's, in mini-batch 1 (episodes 4-7): rank 0 never sees it
-        recorder = _Recorder(policy.trainable_parameters())
-        metrics = update(policy, recorder, _NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
-        torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/rank{rank}.pt")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-
-
 def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     """Rank 1 alone has a NaN advantage in mini-batch 1: both ranks skip that step and take mini-batch 0's,
     with the same gradient."""
-    mp.spawn(_nan_on_rank_1, args=(str(tmp_path),), nprocs=2, join=True)
+    mp.spawn(_update_on_rank, args=(str(tmp_path), True), nprocs=2, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     for r in ranks:
         assert r["metrics"]["losses/optimizer_steps"] == 1 and r["metrics"]["losses/skipped_steps"] == 1

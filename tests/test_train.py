@@ -1,11 +1,13 @@
 """The training loop: the policy gradient learns, resume is exact, the loop's helpers behave."""
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_distributed import NoSchedule, Recorder, perturb
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.core.grpo import group_advantages
@@ -174,17 +176,8 @@ def test_resume_is_exact(tmp_path, monkeypatch):
     assert any(not torch.equal(base[k], torch.zeros_like(base[k])) for k in base if "lora_B" in k)
 
 
-def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(tmp_path, monkeypatch):
-    """A run checkpointed before the kit gained a label (instance_mismatch) resumes; the new label starts
-    from its configured rho instead of failing the first weight that needs it."""
-    import json
-
-    from seal_mini.runio import read_json
-
-    monkeypatch.setattr(train_module, "score", fake_score)
-    cfg = load_config(
-        overrides=RESUME + [f"out_dir={tmp_path}", "name=old", "train.steps=2", "diagnosis.rho_update=ema"]
-    )
+def stopped_after_the_first_checkpoint(cfg, monkeypatch) -> Path:
+    """Run `cfg` until its first checkpoint is written, then stop as a Ctrl-C would; its state.json."""
     real_save = train_module.save_checkpoint
 
     def save_then_stop(run_dir, policy, optimizer, scheduler, state):
@@ -195,10 +188,22 @@ def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(
     with pytest.raises(KeyboardInterrupt):
         train_module.train(cfg)
     monkeypatch.setattr(train_module, "save_checkpoint", real_save)
-    saved = cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
+    return cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
+
+
+def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(tmp_path, monkeypatch):
+    """A run checkpointed before a label was added (here instance_mismatch) resumes; the new label starts
+    from its configured rho instead of failing the first weight that needs it."""
+    from seal_mini.runio import read_json, write_json
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    cfg = load_config(
+        overrides=RESUME + [f"out_dir={tmp_path}", "name=old", "train.steps=2", "diagnosis.rho_update=ema"]
+    )
+    saved = stopped_after_the_first_checkpoint(cfg, monkeypatch)
     state = read_json(saved)
     del state["rho"]["instance_mismatch"]  # what a checkpoint written before the label existed holds
-    saved.write_text(json.dumps(state))
+    write_json(saved, state)
     train_module.train(cfg, resume=True)
     assert "instance_mismatch" in read_json(cfg.run_dir / "rounds" / "step_0001.json")["rho"]
 
@@ -206,26 +211,14 @@ def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(
 def test_a_checkpoint_of_another_loop_version_is_refused_not_continued(tmp_path, monkeypatch):
     """A checkpoint written before the whole-epoch schedule and the rho timing (no "loop" key: version 1)
     would continue as a different run: resume refuses it and names --restart."""
-    import json
-
-    from seal_mini.runio import read_json
+    from seal_mini.runio import read_json, write_json
 
     monkeypatch.setattr(train_module, "score", fake_score)
     cfg = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=v1", "train.steps=2"])
-    real_save = train_module.save_checkpoint
-
-    def save_then_stop(run_dir, policy, optimizer, scheduler, state):
-        real_save(run_dir, policy, optimizer, scheduler, state)
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
-    with pytest.raises(KeyboardInterrupt):
-        train_module.train(cfg)
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
-    saved = cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
+    saved = stopped_after_the_first_checkpoint(cfg, monkeypatch)
     state = read_json(saved)
     assert state.pop("loop") == train_module.LOOP_VERSION
-    saved.write_text(json.dumps(state))
+    write_json(saved, state)
     with pytest.raises(ConfigError, match="loop version 1 .* --restart"):
         train_module.train(cfg, resume=True)
     train_module.train(cfg, restart=True)  # what the message offers works
@@ -353,29 +346,12 @@ UPDATE = TINY + [
 ]
 
 
-class Recorder:
-    """An optimizer that records the gradient each step would apply (and applies nothing)."""
-
-    def __init__(self, params):
-        self.params, self.grads = params, []
-
-    def step(self):
-        self.grads.append([p.grad.clone() for p in self.params])
-
-    def zero_grad(self, set_to_none=True):
-        for p in self.params:
-            p.grad = None
-
-
 def _update_policy(overrides=()):
     """The tiny policy with every trainable weight moved off its start (LoRA B starts at 0), the same each call."""
     cfg = load_config(overrides=[*UPDATE, *overrides])
     torch.manual_seed(0)
     policy = load_policy(cfg, banner=False)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in policy.trainable_parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    perturb(policy)
     return cfg, policy
 
 
@@ -400,14 +376,6 @@ def _weights(policy):
 
 def _no_schedule(optimizer):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-
-
-class NoSchedule:
-    def step(self):
-        pass
-
-    def get_last_lr(self):
-        return [0.0]
 
 
 def test_a_non_finite_loss_skips_its_step_and_only_its_step(capsys):
