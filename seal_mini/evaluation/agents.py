@@ -1,13 +1,18 @@
-"""Who plays an evaluation: a model policy (ModelAgent) or a scripted one (ScriptedAgent), and the identity
-of a piece of evaluation work. Held-in BFCL V3 and every suite run their episodes through these.
+"""Who plays an evaluation: a model policy (ModelAgent) or a scripted one (ScriptedAgent), the identity
+of a piece of evaluation work, and how the pieces are played and saved (play_in_pieces). Held-in BFCL V3
+and every suite run their episodes through these.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 
 from seal_mini.config import Config, ConfigError
+from seal_mini.distributed import is_main, split_work
 from seal_mini.envs.scripted import POLICIES, play
+from seal_mini.runio import write_jsonl_gz
 
 
 class ModelAgent:
@@ -95,3 +100,18 @@ def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, *
         "kit": __version__,
         **extra,
     }
+
+
+def play_in_pieces(todo: list, piece: int, play: Callable[[list], list[dict]], done: list, piece_path, bar) -> list:
+    """Play `todo` a piece at a time, each rank its share (split_work); rank 0 saves every finished piece at
+    piece_path(rows done before it), so a stopped evaluation resumes after its last piece. Returns `done`
+    with the new rows appended, in order; `bar` (tqdm) ends at the number of rows done."""
+    for start in range(0, len(todo), piece):
+        rows = split_work(todo[start : start + piece], play)
+        if is_main():
+            write_jsonl_gz(Path(piece_path(len(done))), rows)
+        done += rows
+        if bar.n < len(done):  # the other ranks' share of the piece
+            bar.update(len(done) - bar.n)
+    bar.close()
+    return done

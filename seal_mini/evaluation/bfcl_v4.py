@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
-from seal_mini.distributed import is_main, on_main, split_work, world_size
+from seal_mini.distributed import is_main, on_main, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
-from seal_mini.evaluation.agents import eval_identity
+from seal_mini.evaluation.agents import eval_identity, play_in_pieces
 from seal_mini.evaluation.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
 from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
 
@@ -451,15 +451,14 @@ def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: s
 
     bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress or not is_main())
     piece = CHUNK * world_size()  # under torchrun each rank plays CHUNK questions of a piece at once
-    for start in range(0, len(todo), piece):
-        rows = split_work(todo[start : start + piece], lambda share: _play_questions(agent, share, bar))
-        if is_main():
-            write_jsonl_gz(partial / f"{column}.q{len(done):05d}.jsonl.gz", rows)
-        done += rows
-        if bar.n < len(done):  # the other ranks' questions of the piece
-            bar.update(len(done) - bar.n)
-    bar.close()
-    return done
+    return play_in_pieces(
+        todo,
+        piece,
+        lambda share: _play_questions(agent, share, bar),
+        done,
+        lambda n: partial / f"{column}.q{n:05d}.jsonl.gz",
+        bar,
+    )
 
 
 def _play_questions(agent, items: list[AgenticTask], bar) -> list[dict]:

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
-from seal_mini.distributed import check_same, is_main, on_main, run_lock, split_work, world_size
+from seal_mini.distributed import check_same, is_main, on_main, run_lock, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import POLICIES
-from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent, eval_identity
+from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent, eval_identity, play_in_pieces
 from seal_mini.runio import read_json, read_safetensors, resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 32
@@ -64,14 +64,14 @@ def evaluate(
         total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress or not is_main()
     )
     piece = chunk_size * world_size()  # each rank plays chunk_size episodes of a piece at once
-    for start in range(0, len(todo), piece):
-        rows = split_work(todo[start : start + piece], lambda share: play_tasks(agent, share, bar))
-        if is_main():
-            write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
-        done_rows += rows
-        if bar.n < len(done_rows):  # the other ranks' episodes of the piece
-            bar.update(len(done_rows) - bar.n)
-    bar.close()
+    done_rows = play_in_pieces(
+        todo,
+        piece,
+        lambda share: play_tasks(agent, share, bar),
+        done_rows,
+        lambda n: partial / f"{n:06d}.jsonl.gz",
+        bar,
+    )
 
     by_id = {r["task_id"]: r for r in done_rows}
     rows = [by_id[t.id] for t in tasks]

@@ -47,9 +47,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
-from seal_mini.distributed import is_main, on_main, split_work, world_size
+from seal_mini.distributed import is_main, on_main, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import eval_identity
+from seal_mini.evaluation.agents import eval_identity, play_in_pieces
 from seal_mini.evaluation.ood import loopback_only, require, suite_result
 from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
 
@@ -679,14 +679,7 @@ def evaluate_tau2(
             ]
 
         piece = chunk_size * world_size()  # under torchrun each rank plays chunk_size tasks of a piece at once
-        for start in range(0, len(todo), piece):
-            rows = split_work(todo[start : start + piece], play)
-            if is_main():
-                write_jsonl_gz(partial / f"{len(done_rows):06d}.jsonl.gz", rows)
-            done_rows += rows
-            if bar.n < len(done_rows):  # the other ranks' tasks of the piece
-                bar.update(len(done_rows) - bar.n)
-        bar.close()
+        done_rows = play_in_pieces(todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", bar)
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
