@@ -140,3 +140,14 @@ def test_a_damaged_run_file_is_one_line_for_the_tools_that_read_a_run(trained, t
     assert cli(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") <= 2 and f"{run_dir / damaged}:" in err, err[-1500:]
+
+
+def test_the_card_of_a_model_built_from_scratch_loads_its_own_tokenizer(tmp_path):
+    """AutoTokenizer would rebuild a tokenizer trained here with Qwen's pre-tokenizer (see load_tokenizer)."""
+    from seal_mini.programs.export import model_card
+
+    scratch = load_config("recipes/cpu_learn.yaml", [f"out_dir={tmp_path}"])
+    for merged in (False, True):
+        card = model_card(tmp_path, scratch, "warm_start", merged=merged)
+        assert "tokenizer = PreTrainedTokenizerFast.from_pretrained(" in card and "AutoTokenizer" not in card
+    assert "tokenizer = AutoTokenizer.from_pretrained(" in model_card(tmp_path, load_config(None, []), "Qwen/x")

@@ -153,6 +153,11 @@ def test_warm_start_is_built_cached_reused_and_loaded(tmp_path):
     assert policy.tokenizer.chat_template == read_json(path / "tokenizer_config.json").get(
         "chat_template", policy.tokenizer.chat_template
     )
+    # the loaded tokenizer cuts text exactly as the one the warm start was trained with (transformers
+    # would rebuild a qwen2 folder's tokenizer with Qwen's own pre-tokenizer and cut it differently)
+    texts = task_corpus(sft.demonstrated_tasks(cfg))
+    _, trained_with = build_scratch(cfg, texts + shown_texts())
+    assert [policy.tokenizer(t)["input_ids"] for t in texts] == [trained_with(t)["input_ids"] for t in texts]
 
 
 def test_same_seed_same_warm_start(tmp_path):

@@ -136,7 +136,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     With sft.enabled the backbone is the run's warm start (seal_mini/training/sft.py), not model.name;
     `corpus` is given while that warm start is being built (a model built from scratch learns its
     tokenizer from it)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     name = cfg.model.name
     if cfg.sft.enabled and corpus is None:  # a corpus is given while the warm start itself is being built
@@ -170,7 +170,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     if cfg.model.gguf_file:
         kwargs["gguf_file"] = cfg.model.gguf_file
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, gguf_file=cfg.model.gguf_file or None)
+        tokenizer = load_tokenizer(name, cfg.model.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except OSError as e:
         raise ConfigError(
@@ -193,6 +193,33 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+TOKENIZER_PROBE = '<|im_start|>user\nCount "notes.txt", 003 times.<|im_end|>\n{"name": "wc", "arguments": {"n": 12}}'
+"""Text on which a folder's tokenizer.json and the tokenizer transformers builds for it must agree."""
+
+
+def load_tokenizer(name: str, gguf_file: str = ""):
+    """The tokenizer a model was trained with. AutoTokenizer, unless a local folder's own tokenizer.json cuts
+    text differently: transformers rebuilds a qwen2 model's tokenizer from its vocabulary with Qwen's
+    pre-tokenizer, which is wrong for a tokenizer trained here (seal_mini/engine/scratch.py: a warm start
+    built from scratch); then the folder's file, exactly as saved."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tokenizer = AutoTokenizer.from_pretrained(name, gguf_file=gguf_file or None)
+    saved = Path(name) / "tokenizer.json"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if gguf_file or backend is None or not saved.is_file():
+        return tokenizer
+    from tokenizers import Tokenizer
+
+    def cuts(t) -> tuple:
+        pieces = t.pre_tokenizer.pre_tokenize_str(TOKENIZER_PROBE) if t.pre_tokenizer else None
+        return pieces, t.encode(TOKENIZER_PROBE, add_special_tokens=False).ids
+
+    if cuts(backend) != cuts(Tokenizer.from_file(str(saved))):
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(name)
+    return tokenizer
 
 
 def use_cpu_threads(cfg: Config) -> None:

@@ -25,6 +25,7 @@ import yaml
 
 from seal_mini import __version__
 from seal_mini.config import CATEGORIES, Config, ConfigError, saved_config
+from seal_mini.engine.policy import SCRATCH
 from seal_mini.runio import atomic_write_text, new_dir, read_json, read_metrics, run_lock
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -105,18 +106,20 @@ def model_card(run_dir: Path, cfg: Config, base_model: str, merged: bool = False
     if not merged:
         front["library_name"] = "peft"
     what = "merged into its base weights" if merged else "a LoRA adapter"
+    # a tokenizer trained here: AutoTokenizer would rebuild it with Qwen's pre-tokenizer (engine.policy.load_tokenizer)
+    tok = "PreTrainedTokenizerFast" if cfg.model.name == SCRATCH else "AutoTokenizer"
     if merged:
         use = (
-            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f"```python\nfrom transformers import AutoModelForCausalLM, {tok}\n\n"
             'model = AutoModelForCausalLM.from_pretrained("<this folder or repo>")\n'
-            'tokenizer = AutoTokenizer.from_pretrained("<this folder or repo>")\n```\n'
+            f'tokenizer = {tok}.from_pretrained("<this folder or repo>")\n```\n'
         )
     else:
         use = (
-            "```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f"```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, {tok}\n\n"
             f'base = AutoModelForCausalLM.from_pretrained("{base_model}")\n'
             'model = PeftModel.from_pretrained(base, "<this folder or repo>")\n'
-            f'tokenizer = AutoTokenizer.from_pretrained("{base_model}")\n```\n\n'
+            f'tokenizer = {tok}.from_pretrained("{base_model}")\n```\n\n'
             'With vLLM: `LLM(base, enable_lora=True)` and `LoRARequest("seal", 1, "<this folder>")` per request.\n'
         )
     sections = [
