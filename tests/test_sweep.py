@@ -108,3 +108,21 @@ def test_a_second_sweep_of_the_same_recipe_stops_naming_the_first(tmp_path, monk
     with run_lock(tmp_path / "cpu_learn_sweep", "sweep"):
         with pytest.raises(FileError, match="cpu_learn_sweep is in use by"):
             sweep.main(argv)
+
+
+def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monkeypatch):
+    assert sweep.chosen_ablations(None) == [] and sweep.chosen_ablations("all") == list(sweep.ABLATIONS)
+    assert sweep.chosen_ablations("no_closed_loop, vanilla_rl") == ["vanilla_rl", "no_closed_loop"]  # table order
+    for bad in ("vanila_rl", "key=value", ","):
+        with pytest.raises(ConfigError, match="--ablations .*vanilla_rl, no_env_adaptation"):
+            sweep.chosen_ablations(bad)
+
+    names = []
+    monkeypatch.setattr(sweep, "run_sweep", lambda args, base, sweep_dir: names.append(list(args.ablations)) or 0)
+    for flags, want in (
+        ([], []),
+        (["--ablations"], list(sweep.ABLATIONS)),
+        (["--ablations", "vanilla_rl"], ["vanilla_rl"]),
+    ):
+        assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", *flags]) == 0
+        assert names.pop() == want

@@ -1,4 +1,4 @@
-"""`python -m seal_mini sweep RECIPE --seeds N [--ablations]`: a recipe (and its ablations) over seeds.
+"""`python -m seal_mini sweep RECIPE --seeds N [--ablations [NAME,...]]`: a recipe (and its ablations) over seeds.
 
 Every run is the full pipeline (warm start, training, held-in evaluation, report) in its own run
 directory under <out_dir>/<name>_sweep/, as its own process, placed by seal_mini.programs.placement: side by
@@ -68,12 +68,25 @@ def ablation_overrides(name: str, folder: Path = ROOT / "recipes" / "ablations")
     return flatten(data)
 
 
-def variants(ablations: bool) -> dict[str, list[str]]:
-    """Variant name -> its overrides on top of the recipe."""
-    out = {"seal": []}
-    if ablations:
-        out.update({name: ablation_overrides(name) for name in ABLATIONS})
-    return out
+def chosen_ablations(given: str | None) -> list[str]:
+    """--ablations: absent = none, bare = all four, else the comma-separated names (in table order)."""
+    if given is None:
+        return []
+    if given == "all":
+        return list(ABLATIONS)
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ABLATIONS]
+    if unknown or not names:
+        raise ConfigError(
+            f"sweep: --ablations {given!r}: unknown ablation {unknown[0] if unknown else '(none named)'}; "
+            f"name some of {', '.join(ABLATIONS)} (comma-separated), or give --ablations alone for all four"
+        )
+    return [n for n in ABLATIONS if n in names]
+
+
+def variants(ablations: list[str]) -> dict[str, list[str]]:
+    """Variant name -> its overrides on top of the recipe: the recipe itself ("seal"), then the ablations."""
+    return {"seal": [], **{name: ablation_overrides(name) for name in ablations}}
 
 
 def spread(values: list[float]) -> dict:
@@ -131,10 +144,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, applied to every run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
-    parser.add_argument("--ablations", action="store_true", help="also the four ablations of recipes/ablations/")
+    parser.add_argument(
+        "--ablations",
+        nargs="?",
+        const="all",
+        metavar="NAME,...",
+        help=f"also the ablations of recipes/ablations/: alone, all four; or some of {','.join(ABLATIONS)}",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         raise ConfigError("sweep: --seeds must be >= 1")
+    args.ablations = chosen_ablations(args.ablations)
     base = load_config(args.recipe, args.overrides)  # a bad recipe or override fails here, before any run
     sweep_dir = Path(base.out_dir) / f"{base.name}_sweep"
     with run_lock(sweep_dir, "sweep"):  # two sweeps of one recipe would race for sweep.json and its runs
