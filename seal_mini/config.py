@@ -142,6 +142,9 @@ class DataConfig:
     practice source, the seed of the generated task sets."""
     heldin_per_category: int = 50
     """Practice source only: held-in tasks per category (BFCL's held-in set is the rest of the split)."""
+    practice_backends: list[str] = field(default_factory=list)
+    """Practice source only: the back ends (BFCL class names, e.g. [MathAPI, VehicleControlAPI]) tasks may
+    use; empty = all six. A narrower world a small model learns sooner; tasks keep their ids."""
     split_file: str = ""
     """A JSON file {"train": [ids], "eval": [ids]} used instead of drawing the split."""
     max_train_tasks: int = 0

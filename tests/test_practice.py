@@ -122,3 +122,31 @@ def test_practice_source_rejects_a_split_file(tmp_path):
         load_split(cfg)
     with pytest.raises(ConfigError, match="data.source: must be bfcl or practice"):
         load_config(None, ["data.source=toy"])
+
+
+def test_a_narrower_world_picks_tasks_without_changing_them(tmp_path):
+    """data.practice_backends keeps the tasks of a stream that use only the named back ends, under their ids."""
+    from seal_mini.envs.splits import load_split
+
+    every = load_config(None, ["data.source=practice", f"out_dir={tmp_path}"])
+    cfg = load_config(None, ["data.source=practice", "data.practice_backends=[MathAPI, TradingBot]"])
+    split, full = load_split(cfg), load_split(every)
+    assert len(split["train"]) == 400 and len(split["eval"]) == 200
+    for i in split["train"] + split["eval"]:
+        assert set(practice.task(i).involved_classes) <= {"MathAPI", "TradingBot"}
+    # the ids the unfiltered stream gives, in its order, that use only those back ends: picked, never regenerated
+    unfiltered = practice.first(practice.stream(0, "train", "base"), 1000)
+    wanted = [i for i in unfiltered if set(practice.task(i).involved_classes) <= {"MathAPI", "TradingBot"}]
+    assert [i for i in split["train"] if "_base_" in i] == wanted[:100]
+    assert set(full["train"]) != set(split["train"])
+    seen = {practice.signature(practice.task(i)) for i in split["train"]}
+    assert not seen & {practice.signature(practice.task(i)) for i in split["eval"]}
+
+    with pytest.raises(ConfigError, match="unknown back end 'Math'.*MathAPI"):
+        load_split(load_config(None, ["data.source=practice", "data.practice_backends=[Math]"]))
+    with pytest.raises(ConfigError, match="long_context tasks need one of"):
+        load_split(load_config(None, ["data.source=practice", "data.practice_backends=[MathAPI]"]))
+    only_base = ["data.source=practice", "data.practice_backends=[MathAPI]", "data.categories=[base]"]
+    assert all(
+        practice.task(i).involved_classes == ["MathAPI"] for i in load_split(load_config(None, only_base))["train"]
+    )

@@ -608,25 +608,41 @@ def signature(t: Task) -> str:
     return json.dumps([t.turns, t.ground_truth, t.initial_config], sort_keys=True)
 
 
+def stream(seed: int, side: str, category: str, backends: tuple = ()):
+    """Task ids of one side and category in index order; with `backends` (BFCL class names) only the tasks
+    that use nothing else. A task keeps its id whatever the filter: the filter picks, it never changes one."""
+    index = 0
+    while True:
+        id_ = task_id(seed, side, category, index)
+        index += 1
+        if not backends or set(task(id_).involved_classes) <= set(backends):
+            yield id_
+
+
+def first(ids, n: int) -> list[str]:
+    return [next(ids) for _ in range(n)]
+
+
 @cache
 def make_split(
-    seed: int, train_per_category: int, heldin_per_category: int, categories: tuple, seen_per_category: int = 0
+    seed: int,
+    train_per_category: int,
+    heldin_per_category: int,
+    categories: tuple,
+    seen_per_category: int = 0,
+    backends: tuple = (),
 ) -> dict:
-    """{"train": ids, "eval": ids}: seeded, separate streams. The held-in set leaves out every task equal to
-    one of the first max(train_per_category, seen_per_category) training-side tasks (those the warm start
-    may have learned from too)."""
-    train = [task_id(seed, "train", c, i) for c in categories for i in range(train_per_category)]
+    """{"train": ids, "eval": ids}: seeded, separate streams (only tasks on `backends`, if given). The held-in
+    set leaves out every task equal to one of the first max(train_per_category, seen_per_category) training
+    tasks (those the warm start may have learned from too)."""
     seen_n = max(train_per_category, seen_per_category)
-    seen = {signature(task(task_id(seed, "train", c, i))) for c in categories for i in range(seen_n)}
+    seen_ids = {c: first(stream(seed, "train", c, backends), seen_n) for c in categories}
+    train = [i for c in categories for i in seen_ids[c][:train_per_category]]
+    seen = {signature(task(i)) for ids in seen_ids.values() for i in ids}
     held = []
     for c in categories:
-        n = k = 0
-        while n < heldin_per_category:
-            candidate = task_id(seed, "heldin", c, k)
-            k += 1
-            if signature(task(candidate)) not in seen:
-                held.append(candidate)
-                n += 1
+        fresh = (i for i in stream(seed, "heldin", c, backends) if signature(task(i)) not in seen)
+        held += first(fresh, heldin_per_category)
     return {"train": train, "eval": held}
 
 
@@ -634,10 +650,27 @@ def _categories(cfg: Config) -> tuple:
     return tuple(c for c in CATEGORIES if c in cfg.data.categories)
 
 
+def backends(cfg: Config) -> tuple:
+    """data.practice_backends, checked: () for all of them."""
+    known = sorted(d.cls for d in DOMAINS)
+    unknown = [b for b in cfg.data.practice_backends if b not in known]
+    if unknown:
+        raise ConfigError(f"data.practice_backends: unknown back end {unknown[0]!r}; choose from {known}")
+    chosen = tuple(sorted(set(cfg.data.practice_backends)))
+    if "long_context" in cfg.data.categories and chosen and not set(chosen) & {d.cls for d in LARGE}:
+        raise ConfigError(
+            f"data.practice_backends: long_context tasks need one of {sorted(d.cls for d in LARGE)} "
+            "(a back end with a large state); add one, or leave long_context out of data.categories"
+        )
+    return chosen
+
+
 def practice_split(cfg: Config) -> dict[str, list[str]]:
     """The run's practice train / held-in ids (data.source: practice)."""
     d = cfg.data
-    return make_split(d.split_seed, d.train_per_category, d.heldin_per_category, _categories(cfg), demo_pool(cfg))
+    return make_split(
+        d.split_seed, d.train_per_category, d.heldin_per_category, _categories(cfg), demo_pool(cfg), backends(cfg)
+    )
 
 
 def demo_pool(cfg: Config) -> int:
@@ -649,7 +682,7 @@ def demo_pool(cfg: Config) -> int:
 def demo_ids(cfg: Config) -> list[str]:
     """Ids of the tasks demonstrated to the warm start: the training split's, then more of the same side."""
     n = demo_pool(cfg) or cfg.data.train_per_category
-    return [task_id(cfg.data.split_seed, "train", c, i) for c in _categories(cfg) for i in range(n)]
+    return [i for c in _categories(cfg) for i in first(stream(cfg.data.split_seed, "train", c, backends(cfg)), n)]
 
 
 @dataclass
