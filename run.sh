@@ -71,8 +71,8 @@ if [ -z "$recipe" ] || [[ "$recipe" == *=* ]]; then
     echo "[run.sh] no recipe given; a CUDA GPU is present, so recipes/qwen2_5_3b.yaml"
     recipe=recipes/qwen2_5_3b.yaml
   else
-    echo "[run.sh] no recipe given; no CUDA GPU here, so recipes/cpu_smoke.yaml (a tiny model, minutes)"
-    recipe=recipes/cpu_smoke.yaml
+    echo "[run.sh] no recipe given; no CUDA GPU here, so recipes/cpu_learn.yaml (practice tasks, a model built here)"
+    recipe=recipes/cpu_learn.yaml
   fi
 else
   shift
