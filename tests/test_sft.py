@@ -16,7 +16,7 @@ from seal_mini.engine.rollout import run_rollouts
 from seal_mini.engine.scratch import task_corpus
 from seal_mini.envs import practice
 from seal_mini.envs.splits import load_split, pick
-from seal_mini.runio import read_json
+from seal_mini.runio import read_json, write_json
 from seal_mini.training import sft
 from seal_mini.training.sft import ABSTAIN_TEXT, demo_turns, demonstrate, ensure_warm_start
 
@@ -158,6 +158,35 @@ def test_warm_start_is_built_cached_reused_and_loaded(tmp_path):
     texts = task_corpus(sft.demonstrated_tasks(cfg))
     _, trained_with = build_scratch(cfg, texts + shown_texts())
     assert [policy.tokenizer(t)["input_ids"] for t in texts] == [trained_with(t)["input_ids"] for t in texts]
+
+
+def test_a_warm_start_is_reused_only_under_the_same_cpu_thread_setting(tmp_path, monkeypatch):
+    """On a CPU the thread count changes the rounding of every backward pass: another model after 1200 steps."""
+    built = []
+    monkeypatch.setattr(sft, "run_sft", lambda cfg: built.append(cfg.name))
+    two = practice_cfg(tmp_path, "name=two", "cpu_threads=2")
+    write_json(warm_start_dir(two) / "identity.json", sft.identity(two))  # a finished build, as far as reuse can tell
+    ensure_warm_start(practice_cfg(tmp_path, "name=also_two", "cpu_threads=2"))
+    assert built == []  # copied from the sibling
+    ensure_warm_start(practice_cfg(tmp_path, "name=one", "cpu_threads=1"))
+    assert built == ["one"]
+    import seal_mini.engine.policy as policy_module
+
+    monkeypatch.setattr(policy_module, "resolve_device", lambda name: torch.device("cuda"))
+    assert sft.identity(practice_cfg(tmp_path, "cpu_threads=1"))["cpu_threads"] is None  # GPU rounding: not threads
+
+
+def test_a_continuing_run_keeps_the_warm_start_its_adapter_was_trained_on(tmp_path, monkeypatch):
+    """cpu_threads may change on --resume (same numbers up to rounding), but it names another warm start."""
+    from seal_mini.training.train import train
+
+    short = ("name=r", "train.steps=1", "train.tasks_per_step=2", "train.mini_batch_tasks=2", "rollout.group_size=2")
+    cfg = practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=2")
+    train(cfg)
+    weights = (warm_start_dir(cfg) / "model.safetensors").read_bytes()
+    monkeypatch.setattr(sft, "run_sft", lambda cfg: pytest.fail("the warm start was built again on resume"))
+    train(practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=1"), resume=True)
+    assert (warm_start_dir(cfg) / "model.safetensors").read_bytes() == weights
 
 
 def test_same_seed_same_warm_start(tmp_path):

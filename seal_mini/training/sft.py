@@ -257,10 +257,14 @@ def identity(cfg: Config) -> dict:
     from seal_mini.engine.policy import resolve_device
 
     d = cfg.to_dict()
+    device = resolve_device(cfg.device).type
     return {
         "format": FORMAT,
         "seed": cfg.seed,
-        "device": resolve_device(cfg.device).type,
+        "device": device,
+        # on a CPU the thread setting changes the rounding of the backward pass, and 1200 steps grow it into
+        # another model (measured: cpu_threads 0, 1, 2, 3, 4 gave five different losses by the second step)
+        "cpu_threads": cfg.cpu_threads if device == "cpu" else None,
         **{k: d[k] for k in ("model", "data", "env", "sft")},
         "lora": d["lora"] if not cfg.sft.full else None,
         "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
@@ -305,11 +309,13 @@ def run_sft(cfg: Config) -> Path:
     return out
 
 
-def ensure_warm_start(cfg: Config) -> Path:
+def ensure_warm_start(cfg: Config, continuing: bool = False) -> Path:
     """The run's warm start: kept if built with this identity, copied from a sibling run directory that has
-    an identical one, else built now."""
+    an identical one, else built now. A continuing run (continuing=True: it has a checkpoint) keeps the one
+    its adapter was trained on, even where a setting a resume may change (cpu_threads, train.logprob_chunk)
+    now names another."""
     out, want = warm_start_dir(cfg), identity(cfg)
-    if (out / "identity.json").exists() and read_json(out / "identity.json") == want:
+    if (out / "identity.json").exists() and (continuing or read_json(out / "identity.json") == want):
         return out
     for other in sorted(Path(cfg.out_dir).glob(f"*/{WARM_START}/identity.json")):
         if other.parent != out and read_json(other) == want:

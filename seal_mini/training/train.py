@@ -608,7 +608,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     if cfg.sft.enabled:  # the backbone is the run's warm start: built (or reused) once, before anything else
         from seal_mini.training.sft import ensure_warm_start
 
-        on_main(ensure_warm_start, cfg, what="waiting for rank 0 to build the warm start")
+        on_main(ensure_warm_start, cfg, checkpoint is not None, what="waiting for rank 0 to build the warm start")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg)
