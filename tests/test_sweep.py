@@ -113,9 +113,11 @@ def test_a_second_sweep_of_the_same_recipe_stops_naming_the_first(tmp_path, monk
 def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monkeypatch):
     assert sweep.chosen_ablations(None) == [] and sweep.chosen_ablations("all") == list(sweep.ABLATIONS)
     assert sweep.chosen_ablations("no_closed_loop, vanilla_rl") == ["vanilla_rl", "no_closed_loop"]  # table order
-    for bad in ("vanila_rl", "key=value", ","):
+    for bad in ("vanila_rl", ","):
         with pytest.raises(ConfigError, match="--ablations .*vanilla_rl, no_env_adaptation"):
             sweep.chosen_ablations(bad)
+    with pytest.raises(ConfigError, match="took the override 'out_dir=x' .* put key=value overrides before"):
+        sweep.chosen_ablations("out_dir=x")
 
     names = []
     monkeypatch.setattr(sweep, "run_sweep", lambda args, base, sweep_dir: names.append(list(args.ablations)) or 0)

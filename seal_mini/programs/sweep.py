@@ -74,6 +74,11 @@ def chosen_ablations(given: str | None) -> list[str]:
         return []
     if given == "all":
         return list(ABLATIONS)
+    if "=" in given:  # a bare --ablations swallows the word after it
+        raise ConfigError(
+            f"sweep: --ablations took the override {given!r} as its value; "
+            "put key=value overrides before the flags: sweep RECIPE key=value --seeds N --ablations"
+        )
     names = [n.strip() for n in given.split(",") if n.strip()]
     unknown = [n for n in names if n not in ABLATIONS]
     if unknown or not names:
