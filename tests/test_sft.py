@@ -181,11 +181,15 @@ def test_a_continuing_run_keeps_the_warm_start_its_adapter_was_trained_on(tmp_pa
     from seal_mini.training.train import train
 
     short = ("name=r", "train.steps=1", "train.tasks_per_step=2", "train.mini_batch_tasks=2", "rollout.group_size=2")
-    cfg = practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=2")
-    train(cfg)
-    weights = (warm_start_dir(cfg) / "model.safetensors").read_bytes()
-    monkeypatch.setattr(sft, "run_sft", lambda cfg: pytest.fail("the warm start was built again on resume"))
-    train(practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=1"), resume=True)
+    threads = torch.get_num_threads()
+    try:
+        cfg = practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=2")
+        train(cfg)
+        weights = (warm_start_dir(cfg) / "model.safetensors").read_bytes()
+        monkeypatch.setattr(sft, "run_sft", lambda cfg: pytest.fail("the warm start was built again on resume"))
+        train(practice_cfg(tmp_path, *short, "rollout.max_new_tokens=8", "cpu_threads=1"), resume=True)
+    finally:
+        torch.set_num_threads(threads)  # the tests after this one keep their thread count
     assert (warm_start_dir(cfg) / "model.safetensors").read_bytes() == weights
 
 
