@@ -35,7 +35,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 import yaml
@@ -99,10 +99,43 @@ def read_json(path: Path, fix: str = REDO):
         return json.loads(text)
 
 
+class YamlLoader(yaml.SafeLoader):
+    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot,
+    no sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one
+    silently winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges, and its keys may be overridden on purpose
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader names an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def load_yaml(text: str):
+    """YAML text through YamlLoader (every recipe, override and saved config is read this way)."""
+    return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path, fix: str = REDO):
     text = read_text(path, fix)
     with reading(path, fix):
-        return yaml.safe_load(text)
+        return load_yaml(text)
 
 
 def read_jsonl_gz(path: Path, fix: str = REDO) -> list[dict]:
