@@ -68,6 +68,8 @@ def _problem(e: Exception) -> str:
         return f"not valid YAML (line {e.problem_mark.line + 1} column {e.problem_mark.column + 1}: {e.problem})"
     if isinstance(e, yaml.YAMLError):
         return f"not valid YAML ({' '.join(str(e).split())[:160]})"
+    if "file not fully covered" in str(e):  # safetensors: the header names more (or fewer) bytes than there are
+        return "not as long as its header says (truncated?)"
     if isinstance(e, OSError) and e.strerror:
         return f"cannot be read ({e.strerror})"
     first_sentence = " ".join(str(e).split()).split(". ")[0][:120]
@@ -157,6 +159,31 @@ def read_safetensors(path: Path, fix: str = REDO) -> dict:
 
     with reading(path, fix):
         return load_file(str(path))
+
+
+def check_model_folder(folder: Path, required: tuple[str, ...], fix: str = REDO) -> None:
+    """A saved model or adapter folder, checked before a library loads it (which would fail deep inside,
+    or quietly load a tokenizer without its vocabulary): each required file there, every JSON file valid,
+    every safetensors file whole. A safetensors header says how long the file is, so this reads only the
+    headers; a weights folder names its files in model.safetensors.index.json or holds model.safetensors."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileError(f"{folder}: missing; {fix}")
+    weights = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded weights: the shards the index names stand for model.safetensors
+        shards = sorted(set(read_json(index, fix).get("weight_map", {}).values()))
+        required = tuple(r for r in required if r != "model.safetensors") + tuple(shards)
+    for name in required:
+        if not (folder / name).is_file():
+            raise FileError(f"{folder / name}: missing; {fix}")
+    for path in sorted(folder.glob("*.json")):
+        read_json(path, fix)
+    from safetensors import safe_open
+
+    for path in weights:
+        with reading(path, fix), safe_open(str(path), framework="pt"):
+            pass  # opening it checks the header and that the file is as long as the header says
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -20,7 +20,7 @@ from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import POLICIES
 from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent, eval_identity, play_in_pieces
-from seal_mini.runio import read_json, read_safetensors, resume_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import read_json, resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -204,9 +204,7 @@ def load_policy_for(cfg: Config, adapter: str | None):
     if adapter:
         if not Path(adapter).is_dir():
             raise ConfigError(f"--adapter {adapter}: no such folder")
-        # a damaged adapter is named here in one line, not deep inside peft
-        read_safetensors(Path(adapter) / "adapter_model.safetensors", fix="restore it, or train it again")
-        cfg.lora.adapter_path = adapter
+        cfg.lora.adapter_path = adapter  # its files are checked before peft reads them (policy.checked_adapter)
     return load_policy(cfg)
 
 
