@@ -739,9 +739,20 @@ def parse_override(text: str) -> dict:
     return out
 
 
+def _where_it_lives(run_dir: Path) -> dict:
+    """out_dir and name of the run directory `run_dir` (the folder a run lives in, whatever its config.yaml says)."""
+    run_dir = Path(run_dir) if Path(run_dir).name not in ("", ".", "..") else Path(run_dir).resolve()
+    return {"out_dir": str(run_dir.parent), "name": run_dir.name}
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Recipe file (optional) + overrides -> validated Config."""
+    """Recipe file (optional) + overrides -> validated Config. A run directory's config.yaml as the recipe
+    means that run directory, wherever it is now: a copy reads and writes its own files, not the original's."""
     data = _read_recipe(Path(recipe)) if recipe else {}
+    if recipe and Path(recipe).name == "config.yaml":
+        folder = Path(recipe).parent
+        if (folder / ".lock").exists() or (folder / "split.json").exists():  # a folder a command wrote into
+            data.update(_where_it_lives(folder))
     for text in overrides:
         data = _deep_merge(data, parse_override(text))
     cfg = _build(Config, data)
@@ -766,7 +777,7 @@ def saved_config(run_dir: str | Path) -> Config:
     if not isinstance(data, dict):
         raise FileError(f"{path}: not a mapping of settings; {fix}")
     try:
-        return config_from_dict(data)
+        return config_from_dict({**data, **_where_it_lives(run_dir)})  # a copied run is the copy
     except ConfigError as e:
         raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
 

@@ -147,6 +147,17 @@ def test_restart_moves_the_old_results_aside(run, capsys):
     assert json.loads((newest_checkpoint(run_dir) / "state.json").read_text())["step"] == 3  # and a new run
 
 
+def test_a_copied_run_directory_reads_and_writes_its_own_files(trained, run, capsys):
+    """`run` is a copy of `trained`, whose config.yaml still names the original's out_dir."""
+    run_dir, _ = run
+    original = snapshot(trained)
+    rc, _, err = cli(capsys, "eval", run_dir / "config.yaml", "--scripted", "empty")
+    assert rc == 0, err[-2000:]
+    assert (run_dir / "eval" / "empty.json").is_file()
+    assert cli(capsys, "report", run_dir)[0] == 0 and cli(capsys, "train", "--resume", run_dir)[0] == 0
+    assert snapshot(trained) == original and not (trained / "eval").exists()
+
+
 def test_a_fresh_start_over_a_finished_run_is_refused(run, capsys):
     run_dir, recipe = run
     rc, _, err = cli(capsys, "train", recipe, f"out_dir={run_dir.parent}")

@@ -280,3 +280,22 @@ def test_a_damaged_warm_start_is_named_in_one_line(built, tmp_path, capsys, part
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 1 and err.startswith(f"error: {path}: "), err[-2000:]
     assert "python -m seal_mini sft" in err and "--rebuild" in err
+
+
+def test_a_copied_run_loads_its_own_warm_start(built, tmp_path):
+    """`cp -r a/run b/run`: what b exports is built on b's warm start, even with a gone."""
+    import shutil
+
+    from seal_mini.engine.policy import save_adapter
+    from seal_mini.programs.export import export_merged
+    from seal_mini.runio import write_yaml
+
+    cfg = practice_cfg(tmp_path / "a", "name=w")
+    shutil.copytree(built, warm_start_dir(cfg))
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    save_adapter(load_policy(cfg, banner=False), cfg.run_dir / "adapter")
+    copy = tmp_path / "b" / "w"
+    shutil.copytree(cfg.run_dir, copy)
+    shutil.rmtree(cfg.run_dir)
+    merged = export_merged(copy, tmp_path / "merged", dtype="float32")
+    assert (merged / "model.safetensors").is_file() and not cfg.run_dir.exists()
