@@ -203,6 +203,32 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def missing_outputs(run_dir: Path) -> list[str]:
+    """Files a run's own records say it wrote that are not there (paths relative to run_dir): the round and
+    the trajectories of every step in metrics.jsonl (written last in a step), the held-in evaluation a step
+    records, the trajectories of every finished evaluation (written before its result). `report` and
+    `dataset` name them rather than leave those steps out without a word."""
+    run_dir = Path(run_dir)
+    missing = []
+    for row in read_metrics(run_dir):
+        step = row["step"]
+        expected = [f"rounds/step_{step:04d}.json", f"trajectories/step_{step:04d}.jsonl.gz"]
+        if any(key.startswith("eval/") for key in row):  # an evaluation after the step, tagged by the next step
+            expected.append(f"eval/step_{step + 1:04d}.json")
+        missing += [name for name in expected if not (run_dir / name).exists()]
+    for result in sorted((run_dir / "eval").glob("*.json")):
+        episodes = result.with_name(f"{result.stem}.trajectories.jsonl.gz")
+        if not episodes.exists():
+            missing.append(str(episodes.relative_to(run_dir)))
+    return missing
+
+
+def names(paths: list[str], shown: int = 6) -> str:
+    """A list of paths for one line: the first few, then how many more."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
 # --- writing ----------------------------------------------------------------------------------------
 
 
@@ -306,6 +332,8 @@ def new_dir(final: Path) -> Iterator[Path]:
     from safetensors import SafetensorError
 
     final = Path(final)
+    if final.exists() and not final.is_dir():  # it would be renamed aside and lost under a temporary name
+        raise FileError(f"{final} is a file, not a folder; name a folder to write into (the file is left as it is)")
     tmp = _temporary(final)
     try:
         with writing(tmp):
@@ -380,6 +408,23 @@ def _read_holder(fd: int) -> dict | None:
         return json.loads(raw)
     except ValueError:
         return {"pid": "?", "host": "?", "command": raw[:80].decode("utf-8", "replace"), "started": "?"}
+
+
+def writer(run_dir: Path) -> dict | None:
+    """The lock record of the command writing into run_dir now, if one is (read only, never locked). A
+    record whose process on this host has ended was left by a kill: then no one writes."""
+    try:
+        holder = json.loads((Path(run_dir) / LOCK).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    if isinstance(holder, dict) and holder.get("host") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid")), 0)
+        except ProcessLookupError:
+            return None
+        except (OSError, TypeError, ValueError):
+            pass  # alive under another user, or a record we cannot read a pid from
+    return holder if isinstance(holder, dict) else None
 
 
 @contextlib.contextmanager

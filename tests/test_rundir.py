@@ -397,18 +397,21 @@ def test_every_writing_command_stops_while_another_holds_the_run_and_a_dead_hold
             ["train", "--resume", run_dir],
             ["pipeline", recipe, f"out_dir={run_dir.parent}"],
             ["eval", recipe, f"out_dir={run_dir.parent}", "--scripted", "empty"],
-            ["report", run_dir],
             ["sft", recipe, f"out_dir={run_dir.parent}"],
         ]:
             rc, _, err = cli(capsys, *argv)
             line = one_line_error(err)
             assert rc == 2 and f"pid {holder.pid} on {socket.gethostname()}" in line, argv
             assert "python -m seal_mini train" in line and record["started"] in line
+        # the report writes only into report/ and reads files that are replaced whole: a snapshot
+        rc, _, err = cli(capsys, "report", run_dir)
+        assert rc == 0, err[-2000:]
+        assert "this report is a snapshot" in (run_dir / "report" / "report.md").read_text()
     finally:
         holder.send_signal(signal.SIGKILL)  # a kill -9: the lock record stays behind
         holder.wait()
     assert json.loads((run_dir / ".lock").read_text())["pid"] == holder.pid
-    rc, _, err = cli(capsys, "report", run_dir)
+    rc, _, err = cli(capsys, "eval", recipe, f"out_dir={run_dir.parent}", "--scripted", "empty")
     assert rc == 0 and f"taking over from pid {holder.pid}" in err
     assert (run_dir / ".lock").read_text() == ""  # released
     assert not list(run_dir.rglob(".*.tmp"))  # whatever the killed writer left half-written is gone
