@@ -232,13 +232,31 @@ def names(paths: list[str], shown: int = 6) -> str:
 # --- writing ----------------------------------------------------------------------------------------
 
 
+def _write_problem(e: BaseException, folder: Path) -> str:
+    """Why a write failed, in plain words. torch and safetensors report a full disk in their own terms
+    (torch.save: "[enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790")."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if "os error 28" in text or shutil.disk_usage(folder).free < 2**24:  # under 16 MB left: it is the disk
+        return "No space left on device (the disk is full)"
+    if "unexpected pos" in text or "file write failed" in text:  # torch's stream writer wrote short
+        return "the write came up short (is the disk full, or a file size limit reached?)"
+    return text[:200]
+
+
 @contextlib.contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Turn an OS error while writing `path` (disk full, permission denied) into a FileError naming it."""
+    """Turn a failure while writing `path` (disk full, permission denied; torch and safetensors report
+    those as their own errors) into a FileError naming it."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except OSError as e:
-        raise FileError(f"cannot write {path}: {e.strerror or e}; {WRITE_FIX}") from e
+    except (OSError, RuntimeError, SafetensorError) as e:
+        raise FileError(f"cannot write {path}: {_write_problem(e, Path(path).parent)}; {WRITE_FIX}") from e
 
 
 def _temporary(path: Path) -> Path:
@@ -317,6 +335,14 @@ def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0))
 
 
+def write_torch(obj, path: Path) -> None:
+    """torch.save of our own objects (optimizer, RNG states), a failure named by the file (read_torch reads it)."""
+    import torch
+
+    with writing(path):
+        torch.save(obj, path)
+
+
 def write_metrics(run_dir: Path, rows: list[dict]) -> None:
     """Rewrite metrics.jsonl whole (atomically); the loop keeps it short enough for that to be cheap."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -328,7 +354,7 @@ def new_dir(final: Path) -> Iterator[Path]:
     renamed to `final` (replacing an older one), on failure removed, leaving what was there before.
 
     A failure while writing (disk full, permission denied; torch and safetensors report those as their
-    own errors) raises FileError naming `final`."""
+    own errors) raises FileError naming the file under `final` that was being written."""
     from safetensors import SafetensorError
 
     final = Path(final)
@@ -349,9 +375,16 @@ def new_dir(final: Path) -> Iterator[Path]:
             fsync_dir(final.parent)
             if old is not None:
                 shutil.rmtree(old)
-    except (OSError, RuntimeError, SafetensorError) as e:
+    except FileError as e:  # a writer inside named its file under the temporary name: name it under final
         shutil.rmtree(tmp, ignore_errors=True)
-        raise FileError(f"cannot write {final}: {' '.join(str(e).split())[:200]}; {WRITE_FIX}") from e
+        raise FileError(str(e).replace(str(tmp), str(final))) from e
+    except (OSError, RuntimeError, SafetensorError) as e:  # a library (peft, transformers) writing its files
+        name = getattr(e, "filename", None)
+        target = str(name).replace(str(tmp), str(final)) if name else str(final)
+        target += " (its safetensors weights)" if isinstance(e, SafetensorError) else ""
+        problem = _write_problem(e, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FileError(f"cannot write {target}: {problem}; {WRITE_FIX}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -281,6 +281,25 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, cap
     assert newest_checkpoint(run_dir).name == "step_0003"
 
 
+def test_a_full_disk_says_so_and_names_the_file_not_torch_internals(tmp_path, capsys, monkeypatch):
+    """torch.save really writing into a full device (/dev/full), which torch reports as its own RuntimeError
+    ("[enforce fail at inline_container.cc:672] ..."); the disk's free space reads as it does when full."""
+    import seal_mini.runio as runio
+
+    recipe = write_recipe(tmp_path / "fast.yaml")
+    real_save = train_module.torch.save
+
+    def onto_a_full_disk(obj, path, *args, **kwargs):
+        return real_save(obj, "/dev/full" if str(path).endswith("optim.pt") else path, *args, **kwargs)
+
+    monkeypatch.setattr(train_module.torch, "save", onto_a_full_disk)
+    monkeypatch.setattr(runio.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
+    rc, _, err = cli(capsys, "train", recipe, f"out_dir={tmp_path / 'runs'}")
+    line = one_line_error(err)
+    assert rc == 2 and "enforce fail" not in line and ".tmp" not in line, line
+    assert f"cannot write {tmp_path / 'runs' / 'tiny' / 'checkpoint' / 'step_0001' / 'optim.pt'}: No space left" in line
+
+
 # --- durable checkpoints ----------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from seal_mini.config import Config, ConfigError
 from seal_mini.engine import attention
 from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
 from seal_mini.engine.render import ChatRenderer
-from seal_mini.runio import check_model_folder
+from seal_mini.runio import check_model_folder, writing
 
 TINY = "tiny-random"
 SCRATCH = "scratch"
@@ -373,6 +373,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
 def save_adapter(policy: Policy, path: str | Path) -> Path:
     """Write the LoRA adapter (only the adapter: the base comes from model.name) to a folder."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(path), selected_adapters=[TRAINED_ADAPTER])  # never the reference copy
+    with writing(path / "adapter_model.safetensors"):  # what a full disk stops (named, not safetensors' words)
+        path.mkdir(parents=True, exist_ok=True)
+        policy.model.save_pretrained(str(path), selected_adapters=[TRAINED_ADAPTER])  # never the reference copy
     return path
