@@ -240,8 +240,9 @@ def _write_problem(e: BaseException, folder: Path) -> str:
     text = " ".join(str(e).split())
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    if "os error 28" in text or shutil.disk_usage(folder).free < 2**24:  # under 16 MB left: it is the disk
-        return "No space left on device (the disk is full)"
+    with contextlib.suppress(OSError):
+        if "os error 28" in text or shutil.disk_usage(folder).free < 2**24:  # under 16 MB left: it is the disk
+            return "No space left on device (the disk is full)"
     if "unexpected pos" in text or "file write failed" in text:  # torch's stream writer wrote short
         return "the write came up short (is the disk full, or a file size limit reached?)"
     return text[:200]
