@@ -245,6 +245,12 @@ def wrapped(task, rng: random.Random):
     return Interface(episode, InterfaceState(True, True, True, list(GUIDELINES)[:3]))
 
 
+def score(env):
+    """The checker's verdict on a finished episode and the diagnoser's labels, as training computes them."""
+    verdict = check_episode(env)
+    return verdict, diagnose_turns(env, verdict)
+
+
 def test_no_message_breaks_a_step_the_checker_or_the_diagnoser(watch):
     audit, tasks = watch
     audit.run(FORBIDDEN, open, os.devnull)[0].close()
@@ -316,8 +322,3 @@ def test_no_message_breaks_a_step_the_checker_or_the_diagnoser(watch):
     )
     assert not stats["exceptions"], stats["exceptions"][:5]
     assert not problems, problems[:5]
-
-
-def score(env):
-    verdict = check_episode(env)
-    return verdict, diagnose_turns(env, verdict)
