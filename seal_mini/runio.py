@@ -206,8 +206,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def missing_outputs(run_dir: Path) -> list[str]:
     """Files a run's own records say it wrote that are not there (paths relative to run_dir): the round and
     the trajectories of every step in metrics.jsonl (written last in a step), the held-in evaluation a step
-    records, the trajectories of every finished evaluation (written before its result). `report` and
-    `dataset` name them rather than leave those steps out without a word."""
+    records, the trajectories of every finished evaluation (written before its result) and the result of
+    every evaluation whose trajectories are there and whose pieces (`<tag>.partial`, removed last) are not.
+    `report` and `dataset` name them rather than leave those steps out without a word."""
     run_dir = Path(run_dir)
     missing = []
     for row in read_metrics(run_dir):
@@ -220,7 +221,11 @@ def missing_outputs(run_dir: Path) -> list[str]:
         episodes = result.with_name(f"{result.stem}.trajectories.jsonl.gz")
         if not episodes.exists():
             missing.append(str(episodes.relative_to(run_dir)))
-    return missing
+    for episodes in sorted((run_dir / "eval").glob("*.trajectories.jsonl.gz")):
+        tag = episodes.name.removesuffix(".trajectories.jsonl.gz")
+        if not episodes.with_name(f"{tag}.json").exists() and not episodes.with_name(f"{tag}.partial").exists():
+            missing.append(f"eval/{tag}.json")
+    return list(dict.fromkeys(missing))  # a step evaluation gone whole is named once
 
 
 def names(paths: list[str], shown: int = 6) -> str:
