@@ -7,6 +7,7 @@ line. Unknown keys and bad values raise ConfigError naming the key and how to fi
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from seal_mini import labels
-from seal_mini.runio import FileError, read_text, read_yaml
+from seal_mini.runio import FileError, load_yaml, read_text, read_yaml
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
@@ -35,6 +36,14 @@ class ConfigError(ValueError):
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: {message}")
+
+
+def nonnegative(text: str) -> int:
+    """The argparse type of a command-line count or limit: an integer >= 0."""
+    value = int(text)  # argparse names the option when this raises ValueError
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _one_of(value, choices, key: str) -> None:
@@ -590,7 +599,14 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
-        _check(bool(self.name), "name", "must not be empty")
+        _check(
+            bool(self.out_dir), "out_dir", "must not be empty (run directories go in <out_dir>/<name>; default runs)"
+        )
+        _check(
+            bool(self.name) and self.name not in (".", "..") and not set(self.name) & {"/", "\0"},
+            "name",
+            f"must be a folder name inside out_dir (no '/', not '.' or '..'), got {self.name!r}",
+        )
         _check(
             self.train.diagnose or not self.train.reweight,
             "train.reweight",
@@ -688,9 +704,9 @@ def _read_recipe(path: Path, seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path}: `base:` chain loops back to itself")
     text = read_text(path, fix="save the recipe as UTF-8 text")
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"recipe {path}: not valid YAML ({e})") from None
+        raise ConfigError(f"recipe {path}: not valid YAML ({' '.join(str(e).split())})") from None
     if data is None:
         raise ConfigError(
             f"recipe {path}: the file is empty (or only comments); a recipe sets what it changes from the "
@@ -711,7 +727,7 @@ def parse_override(text: str) -> dict:
         raise ConfigError(f"override {text!r}: expected key.sub=value, e.g. train.steps=4")
     key, raw = text.split("=", 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     out: dict = {}
@@ -723,9 +739,20 @@ def parse_override(text: str) -> dict:
     return out
 
 
+def _where_it_lives(run_dir: Path) -> dict:
+    """out_dir and name of the run directory `run_dir` (the folder a run lives in, whatever its config.yaml says)."""
+    run_dir = Path(run_dir) if Path(run_dir).name not in ("", ".", "..") else Path(run_dir).resolve()
+    return {"out_dir": str(run_dir.parent), "name": run_dir.name}
+
+
 def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Recipe file (optional) + overrides -> validated Config."""
+    """Recipe file (optional) + overrides -> validated Config. A run directory's config.yaml as the recipe
+    means that run directory, wherever it is now: a copy reads and writes its own files, not the original's."""
     data = _read_recipe(Path(recipe)) if recipe else {}
+    if recipe and Path(recipe).name == "config.yaml":
+        folder = Path(recipe).parent
+        if (folder / ".lock").exists() or (folder / "split.json").exists():  # a folder a command wrote into
+            data.update(_where_it_lives(folder))
     for text in overrides:
         data = _deep_merge(data, parse_override(text))
     cfg = _build(Config, data)
@@ -750,7 +777,7 @@ def saved_config(run_dir: str | Path) -> Config:
     if not isinstance(data, dict):
         raise FileError(f"{path}: not a mapping of settings; {fix}")
     try:
-        return config_from_dict(data)
+        return config_from_dict({**data, **_where_it_lives(run_dir)})  # a copied run is the copy
     except ConfigError as e:
         raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
 

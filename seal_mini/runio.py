@@ -35,7 +35,7 @@ import shutil
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 import yaml
@@ -68,6 +68,8 @@ def _problem(e: Exception) -> str:
         return f"not valid YAML (line {e.problem_mark.line + 1} column {e.problem_mark.column + 1}: {e.problem})"
     if isinstance(e, yaml.YAMLError):
         return f"not valid YAML ({' '.join(str(e).split())[:160]})"
+    if "file not fully covered" in str(e):  # safetensors: the header names more (or fewer) bytes than there are
+        return "not as long as its header says (truncated?)"
     if isinstance(e, OSError) and e.strerror:
         return f"cannot be read ({e.strerror})"
     first_sentence = " ".join(str(e).split()).split(". ")[0][:120]
@@ -99,10 +101,43 @@ def read_json(path: Path, fix: str = REDO):
         return json.loads(text)
 
 
+class YamlLoader(yaml.SafeLoader):
+    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot,
+    no sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one
+    silently winning."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges, and its keys may be overridden on purpose
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):
+                continue  # SafeLoader names an unhashable key itself
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def load_yaml(text: str):
+    """YAML text through YamlLoader (every recipe, override and saved config is read this way)."""
+    return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path, fix: str = REDO):
     text = read_text(path, fix)
     with reading(path, fix):
-        return yaml.safe_load(text)
+        return load_yaml(text)
 
 
 def read_jsonl_gz(path: Path, fix: str = REDO) -> list[dict]:
@@ -126,6 +161,31 @@ def read_safetensors(path: Path, fix: str = REDO) -> dict:
         return load_file(str(path))
 
 
+def check_model_folder(folder: Path, required: tuple[str, ...], fix: str = REDO) -> None:
+    """A saved model or adapter folder, checked before a library loads it (which would fail deep inside,
+    or quietly load a tokenizer without its vocabulary): each required file there, every JSON file valid,
+    every safetensors file whole. A safetensors header says how long the file is, so this reads only the
+    headers; a weights folder names its files in model.safetensors.index.json or holds model.safetensors."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileError(f"{folder}: missing; {fix}")
+    weights = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded weights: the shards the index names stand for model.safetensors
+        shards = sorted(set(read_json(index, fix).get("weight_map", {}).values()))
+        required = tuple(r for r in required if r != "model.safetensors") + tuple(shards)
+    for name in required:
+        if not (folder / name).is_file():
+            raise FileError(f"{folder / name}: missing; {fix}")
+    for path in sorted(folder.glob("*.json")):
+        read_json(path, fix)
+    from safetensors import safe_open
+
+    for path in weights:
+        with reading(path, fix), safe_open(str(path), framework="pt"):
+            pass  # opening it checks the header and that the file is as long as the header says
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl, one row per training step; a damaged line is named by its number."""
     path = Path(run_dir) / "metrics.jsonl"
@@ -143,16 +203,66 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return rows
 
 
+def missing_outputs(run_dir: Path) -> list[str]:
+    """Files a run's own records say it wrote that are not there (paths relative to run_dir): the round and
+    the trajectories of every step in metrics.jsonl (written last in a step), the held-in evaluation a step
+    records, the trajectories of every finished evaluation (written before its result) and the result of
+    every evaluation whose trajectories are there and whose pieces (`<tag>.partial`, removed last) are not.
+    `report` and `dataset` name them rather than leave those steps out without a word."""
+    run_dir = Path(run_dir)
+    missing = []
+    for row in read_metrics(run_dir):
+        step = row["step"]
+        expected = [f"rounds/step_{step:04d}.json", f"trajectories/step_{step:04d}.jsonl.gz"]
+        if any(key.startswith("eval/") for key in row):  # an evaluation after the step, tagged by the next step
+            expected.append(f"eval/step_{step + 1:04d}.json")
+        missing += [name for name in expected if not (run_dir / name).exists()]
+    for result in sorted((run_dir / "eval").glob("*.json")):
+        episodes = result.with_name(f"{result.stem}.trajectories.jsonl.gz")
+        if not episodes.exists():
+            missing.append(str(episodes.relative_to(run_dir)))
+    for episodes in sorted((run_dir / "eval").glob("*.trajectories.jsonl.gz")):
+        tag = episodes.name.removesuffix(".trajectories.jsonl.gz")
+        if not episodes.with_name(f"{tag}.json").exists() and not episodes.with_name(f"{tag}.partial").exists():
+            missing.append(f"eval/{tag}.json")
+    return list(dict.fromkeys(missing))  # a step evaluation gone whole is named once
+
+
+def names(paths: list[str], shown: int = 6) -> str:
+    """A list of paths for one line: the first few, then how many more."""
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return ", ".join(paths[:shown]) + more
+
+
 # --- writing ----------------------------------------------------------------------------------------
+
+
+def _write_problem(e: BaseException, folder: Path) -> str:
+    """Why a write failed, in plain words. torch and safetensors report a full disk in their own terms
+    (torch.save: "[enforce fail at inline_container.cc:672] . unexpected pos 896 vs 790")."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    text = " ".join(str(e).split())
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    with contextlib.suppress(OSError):
+        if "os error 28" in text or shutil.disk_usage(folder).free < 2**24:  # under 16 MB left: it is the disk
+            return "No space left on device (the disk is full)"
+    if "unexpected pos" in text or "file write failed" in text:  # torch's stream writer wrote short
+        return "the write came up short (is the disk full, or a file size limit reached?)"
+    return text[:200]
 
 
 @contextlib.contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Turn an OS error while writing `path` (disk full, permission denied) into a FileError naming it."""
+    """Turn a failure while writing `path` (disk full, permission denied; torch and safetensors report
+    those as their own errors) into a FileError naming it."""
+    from safetensors import SafetensorError
+
     try:
         yield
-    except OSError as e:
-        raise FileError(f"cannot write {path}: {e.strerror or e}; {WRITE_FIX}") from e
+    except (OSError, RuntimeError, SafetensorError) as e:
+        raise FileError(f"cannot write {path}: {_write_problem(e, Path(path).parent)}; {WRITE_FIX}") from e
 
 
 def _temporary(path: Path) -> Path:
@@ -231,6 +341,14 @@ def write_jsonl_gz(path: Path, rows: list[dict]) -> None:
     atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), compresslevel=6, mtime=0))
 
 
+def write_torch(obj, path: Path) -> None:
+    """torch.save of our own objects (optimizer, RNG states), a failure named by the file (read_torch reads it)."""
+    import torch
+
+    with writing(path):
+        torch.save(obj, path)
+
+
 def write_metrics(run_dir: Path, rows: list[dict]) -> None:
     """Rewrite metrics.jsonl whole (atomically); the loop keeps it short enough for that to be cheap."""
     atomic_write_text(Path(run_dir) / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
@@ -242,10 +360,12 @@ def new_dir(final: Path) -> Iterator[Path]:
     renamed to `final` (replacing an older one), on failure removed, leaving what was there before.
 
     A failure while writing (disk full, permission denied; torch and safetensors report those as their
-    own errors) raises FileError naming `final`."""
+    own errors) raises FileError naming the file under `final` that was being written."""
     from safetensors import SafetensorError
 
     final = Path(final)
+    if final.exists() and not final.is_dir():  # it would be renamed aside and lost under a temporary name
+        raise FileError(f"{final} is a file, not a folder; name a folder to write into (the file is left as it is)")
     tmp = _temporary(final)
     try:
         with writing(tmp):
@@ -261,9 +381,16 @@ def new_dir(final: Path) -> Iterator[Path]:
             fsync_dir(final.parent)
             if old is not None:
                 shutil.rmtree(old)
-    except (OSError, RuntimeError, SafetensorError) as e:
+    except FileError as e:  # a writer inside named its file under the temporary name: name it under final
         shutil.rmtree(tmp, ignore_errors=True)
-        raise FileError(f"cannot write {final}: {' '.join(str(e).split())[:200]}; {WRITE_FIX}") from e
+        raise FileError(str(e).replace(str(tmp), str(final))) from e
+    except (OSError, RuntimeError, SafetensorError) as e:  # a library (peft, transformers) writing its files
+        name = getattr(e, "filename", None)
+        target = str(name).replace(str(tmp), str(final)) if name else str(final)
+        target += " (its safetensors weights)" if isinstance(e, SafetensorError) else ""
+        problem = _write_problem(e, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FileError(f"cannot write {target}: {problem}; {WRITE_FIX}") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -320,6 +447,23 @@ def _read_holder(fd: int) -> dict | None:
         return json.loads(raw)
     except ValueError:
         return {"pid": "?", "host": "?", "command": raw[:80].decode("utf-8", "replace"), "started": "?"}
+
+
+def writer(run_dir: Path) -> dict | None:
+    """The lock record of the command writing into run_dir now, if one is (read only, never locked). A
+    record whose process on this host has ended was left by a kill: then no one writes."""
+    try:
+        holder = json.loads((Path(run_dir) / LOCK).read_text() or "null")
+    except (OSError, ValueError):
+        return None
+    if isinstance(holder, dict) and holder.get("host") == socket.gethostname():
+        try:
+            os.kill(int(holder.get("pid")), 0)
+        except ProcessLookupError:
+            return None
+        except (OSError, TypeError, ValueError):
+            pass  # alive under another user, or a record we cannot read a pid from
+    return holder if isinstance(holder, dict) else None
 
 
 @contextlib.contextmanager

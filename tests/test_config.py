@@ -94,3 +94,24 @@ def test_update_switches_name_the_key_and_the_choices(override, message):
     assert message in str(e.value)
     cfg = load_config()  # the defaults are the paper's update
     assert (cfg.train.adv_estimator, cfg.train.loss_agg, cfg.train.old_logprobs) == ("grpo", "token_mean", "sampled")
+
+
+def test_numbers_read_as_yaml_1_2_reads_them(tmp_path):
+    """`1e-5` is the first learning rate anyone types; YAML 1.1 (PyYAML) reads it as a string."""
+    cfg = load_config(overrides=["train.lr=1e-5", "train.kl_coef=2E-3", "diagnosis.w_max=+1e0"])
+    assert (cfg.train.lr, cfg.train.kl_coef, cfg.diagnosis.w_max) == (1e-5, 2e-3, 1.0)
+    (tmp_path / "r.yaml").write_text("train:\n  lr: 1e-5\n  clip_ratio: .2e0\n")
+    cfg = load_config(tmp_path / "r.yaml")
+    assert (cfg.train.lr, cfg.train.clip_ratio) == (1e-5, 0.2)
+
+
+def test_a_key_given_twice_is_an_error(tmp_path):
+    (tmp_path / "r.yaml").write_text("train:\n  lr: 1.0e-5\n  steps: 3\n  lr: 2.0e-5\n")
+    with pytest.raises(ConfigError, match="duplicate key 'lr'.*line 4"):
+        load_config(tmp_path / "r.yaml")
+
+
+@pytest.mark.parametrize("override", ["name=../escape", "name=a/b", "name=..", "name=.", "name=", "out_dir="])
+def test_a_run_directory_stays_inside_out_dir(override):
+    with pytest.raises(ConfigError, match=r"^(name|out_dir): must"):
+        load_config(overrides=[override])

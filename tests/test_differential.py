@@ -43,3 +43,17 @@ def test_the_reference_is_bfcls_loop_answered_by_the_script():
     assert bfcl_verdict(task, [[first], [], [], []]) == (False, "multi_turn:instance_state_mismatch")
     assert bfcl_verdict(task, [[DONE_TEXT]] * 4) == (False, "multi_turn:empty_turn_model_response")
     assert kit_verdict(task, [[DONE_TEXT]] * 4) == (False, "multi_turn:empty_turn_model_response")
+
+
+def test_bad_options_are_one_line_naming_the_option(capsys):
+    from seal_mini.__main__ import main
+
+    assert main(["oracle", "--differential", "--kinds", "bogus"]) == 2
+    assert "error: --kinds: unknown perturbation kinds ['bogus']; known: ground_truth" in capsys.readouterr().err
+    for argv in (["oracle", "--differential", "--limit", "-1"], ["diagnose-check", "--limit", "-1"]):
+        try:
+            main(argv)
+            raise AssertionError(f"{argv} ran")
+        except SystemExit as e:  # argparse's own one-line refusal
+            assert e.code == 2
+        assert "argument --limit: must be >= 0, got -1" in capsys.readouterr().err, argv

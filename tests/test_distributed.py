@@ -369,11 +369,11 @@ def test_two_ranks_evaluate_as_one_process(tmp_path):
             proc = seal(["eval", *options, str(path), f"name={name}"], ranks, **guard)
             assert proc.returncode == 0, (what, proc.stderr[-3000:])
     one, two = tmp_path / "runs" / "eval1" / "eval", tmp_path / "runs" / "eval2" / "eval"
-    for tag in ("eval_base", "memory", "tau2"):
+    for tag in ("base", "memory", "tau2"):
         assert read_json(one / f"{tag}.json") == read_json(two / f"{tag}.json"), tag
         rows = untimed(read_jsonl_gz(one / f"{tag}.trajectories.jsonl.gz"))
         assert rows == untimed(read_jsonl_gz(two / f"{tag}.trajectories.jsonl.gz")), tag
-    assert read_json(one / "eval_base.json")["n_tasks"] == 6
+    assert read_json(one / "base.json")["n_tasks"] == 6
     assert read_json(one / "memory.json")["scores"]["memory_kv"] > 0  # answers from the memory rank 0 built
     assert read_json(one / "tau2.json")["mean"] == 1.0
 

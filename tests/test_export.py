@@ -151,3 +151,33 @@ def test_the_card_of_a_model_built_from_scratch_loads_its_own_tokenizer(tmp_path
         card = model_card(tmp_path, scratch, "warm_start", merged=merged)
         assert "tokenizer = PreTrainedTokenizerFast.from_pretrained(" in card and "AutoTokenizer" not in card
     assert "tokenizer = AutoTokenizer.from_pretrained(" in model_card(tmp_path, load_config(None, []), "Qwen/x")
+
+
+@pytest.mark.parametrize("command", ["chat", "eval --adapter", "export"])
+@pytest.mark.parametrize("part", ["adapter_config.json", "adapter_model.safetensors"])
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_a_damaged_adapter_is_one_line_and_never_copied(trained, tmp_path, capsys, command, part, damage):
+    import shutil
+
+    from seal_mini.__main__ import main as cli
+
+    run_dir = tmp_path / "copy"
+    shutil.copytree(trained[0].run_dir, run_dir)
+    write_json(run_dir / "split.json", {"train": [], "eval": ["multi_turn_base_0"]})
+    write_json(tmp_path / "ids.json", ["multi_turn_base_0"])
+    path = run_dir / "adapter" / part
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.unlink()
+    argv = {
+        "chat": ["chat", str(run_dir), "--replay"],
+        "eval --adapter": ["eval", *TINY, f"out_dir={tmp_path}", "--adapter", str(run_dir / "adapter")]
+        + ["--ids", str(tmp_path / "ids.json")],
+        "export": ["export", str(run_dir), "--out", str(tmp_path / "out")],
+    }[command]
+    capsys.readouterr()
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and part in err, err[-1500:]
+    assert not (tmp_path / "out").exists()

@@ -77,3 +77,12 @@ def test_typed_turns_are_sent_and_flagged():
 def test_an_unknown_task_is_named(run_dir):
     with pytest.raises(ConfigError, match="--task nope: no such BFCL V3 task"):
         main([str(run_dir), "--task", "nope"])
+
+
+def test_a_practice_task_plays_too(run_dir, capsys):
+    from seal_mini.envs import practice
+
+    task = practice.task_id(0, "heldin", "miss_param", 3)
+    assert main([str(run_dir), "--task", task, "--scripted", "ground_truth", "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert f"[task] {task}" in out and "[verdict] reward 1 (passed)" in out

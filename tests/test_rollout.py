@@ -153,6 +153,26 @@ def test_response_budget_truncates_in_mid_message(policy):
     assert traj.env.turns[0].steps == []  # the cut call was never executed
 
 
+class Breaks(Episode):
+    """An environment with a defect: its step raises on the second message (Episode.step never should)."""
+
+    def step(self, text, retry_unreadable=False):
+        self.messages_seen = getattr(self, "messages_seen", 0) + 1
+        if self.messages_seen == 2:
+            raise RecursionError("maximum recursion depth exceeded")
+        return super().step(text, retry_unreadable)
+
+
+def test_an_environment_that_raises_ends_its_episode_not_the_rollouts(policy, capsys):
+    task = TASKS["multi_turn_base_50"]
+    script = Script({0: oracle_script(policy, task), 1: oracle_script(policy, task)})
+    broken, fine = run_rollouts(policy, [Breaks(task), Episode(task)], rollout_cfg(), 0.0, logits_hook=script)
+    assert broken.truncated and broken.env.ended_by == TRUNCATED and broken.n_messages == 2
+    assert check(task, fine.env.checker_input()).reward == 1.0  # the other episode ran to its end
+    err = capsys.readouterr().err
+    assert "[rollout] warning: multi_turn_base_50: the environment raised RecursionError" in err
+
+
 def test_prompt_mode_renders_tools_itself(policy):
     prompt_policy = dataclasses.replace(policy, renderer=ChatRenderer(policy.tokenizer, "prompt"))
     task = TASKS["multi_turn_base_50"]

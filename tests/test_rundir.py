@@ -147,6 +147,17 @@ def test_restart_moves_the_old_results_aside(run, capsys):
     assert json.loads((newest_checkpoint(run_dir) / "state.json").read_text())["step"] == 3  # and a new run
 
 
+def test_a_copied_run_directory_reads_and_writes_its_own_files(trained, run, capsys):
+    """`run` is a copy of `trained`, whose config.yaml still names the original's out_dir."""
+    run_dir, _ = run
+    original = snapshot(trained)
+    rc, _, err = cli(capsys, "eval", run_dir / "config.yaml", "--scripted", "empty")
+    assert rc == 0, err[-2000:]
+    assert (run_dir / "eval" / "empty.json").is_file()
+    assert cli(capsys, "report", run_dir)[0] == 0 and cli(capsys, "train", "--resume", run_dir)[0] == 0
+    assert snapshot(trained) == original and not (trained / "eval").exists()
+
+
 def test_a_fresh_start_over_a_finished_run_is_refused(run, capsys):
     run_dir, recipe = run
     rc, _, err = cli(capsys, "train", recipe, f"out_dir={run_dir.parent}")
@@ -270,6 +281,25 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, cap
     assert newest_checkpoint(run_dir).name == "step_0003"
 
 
+def test_a_full_disk_says_so_and_names_the_file_not_torch_internals(tmp_path, capsys, monkeypatch):
+    """torch.save really writing into a full device (/dev/full), which torch reports as its own RuntimeError
+    ("[enforce fail at inline_container.cc:672] ..."); the disk's free space reads as it does when full."""
+    import seal_mini.runio as runio
+
+    recipe = write_recipe(tmp_path / "fast.yaml")
+    real_save = train_module.torch.save
+
+    def onto_a_full_disk(obj, path, *args, **kwargs):
+        return real_save(obj, "/dev/full" if str(path).endswith("optim.pt") else path, *args, **kwargs)
+
+    monkeypatch.setattr(train_module.torch, "save", onto_a_full_disk)
+    monkeypatch.setattr(runio.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9, 4096))
+    rc, _, err = cli(capsys, "train", recipe, f"out_dir={tmp_path / 'runs'}")
+    line = one_line_error(err)
+    assert rc == 2 and "enforce fail" not in line and ".tmp" not in line, line
+    assert f"cannot write {tmp_path / 'runs' / 'tiny' / 'checkpoint' / 'step_0001' / 'optim.pt'}: No space left" in line
+
+
 # --- durable checkpoints ----------------------------------------------------------------------------
 
 
@@ -386,18 +416,21 @@ def test_every_writing_command_stops_while_another_holds_the_run_and_a_dead_hold
             ["train", "--resume", run_dir],
             ["pipeline", recipe, f"out_dir={run_dir.parent}"],
             ["eval", recipe, f"out_dir={run_dir.parent}", "--scripted", "empty"],
-            ["report", run_dir],
             ["sft", recipe, f"out_dir={run_dir.parent}"],
         ]:
             rc, _, err = cli(capsys, *argv)
             line = one_line_error(err)
             assert rc == 2 and f"pid {holder.pid} on {socket.gethostname()}" in line, argv
             assert "python -m seal_mini train" in line and record["started"] in line
+        # the report writes only into report/ and reads files that are replaced whole: a snapshot
+        rc, _, err = cli(capsys, "report", run_dir)
+        assert rc == 0, err[-2000:]
+        assert "this report is a snapshot" in (run_dir / "report" / "report.md").read_text()
     finally:
         holder.send_signal(signal.SIGKILL)  # a kill -9: the lock record stays behind
         holder.wait()
     assert json.loads((run_dir / ".lock").read_text())["pid"] == holder.pid
-    rc, _, err = cli(capsys, "report", run_dir)
+    rc, _, err = cli(capsys, "eval", recipe, f"out_dir={run_dir.parent}", "--scripted", "empty")
     assert rc == 0 and f"taking over from pid {holder.pid}" in err
     assert (run_dir / ".lock").read_text() == ""  # released
     assert not list(run_dir.rglob(".*.tmp"))  # whatever the killed writer left half-written is gone

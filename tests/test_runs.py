@@ -91,3 +91,35 @@ def test_parquet_goes_only_into_a_folder_of_its_own(run_dir, tmp_path):
     assert (tmp_path / "other.txt").read_text() == "mine"
     first = runs.write_parquet(run_dir, tmp_path / "d")
     assert runs.write_parquet(run_dir, tmp_path / "d") == first  # its own earlier output is replaced
+
+
+def test_missing_steps_and_pieces_are_named_not_dropped(run_dir, tmp_path, capsys):
+    """Report and dataset say which of the run's files are gone, instead of quietly leaving them out."""
+    import shutil
+
+    from seal_mini.__main__ import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    gone = [
+        "trajectories/step_0000.jsonl.gz",
+        "rounds/step_0001.json",
+        "eval/gt.trajectories.jsonl.gz",
+        "eval/memory_gt.json",  # its episodes stay: the suite row would be gone without a word
+    ]
+    for name in gone:
+        (copy / name).unlink()
+    for argv in (["dataset", str(copy)], ["report", str(copy)]):
+        capsys.readouterr()
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert f"{copy} lacks {', '.join(gone)}; the" in err, (argv, err)
+    assert f"`copy` lacks {', '.join(gone)}; the sections" in (copy / "report" / "report.md").read_text()
+
+
+def test_parquet_never_replaces_a_file(run_dir, tmp_path):
+    mine = tmp_path / "mine.parquet"
+    mine.write_text("my own notes")
+    with pytest.raises(ConfigError, match="is a file"):
+        runs.write_parquet(run_dir, mine)
+    assert mine.read_text() == "my own notes" and [p.name for p in tmp_path.iterdir()] == ["mine.parquet"]

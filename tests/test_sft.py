@@ -243,3 +243,59 @@ def test_cue_share_shows_the_interface_texts_and_changes_no_label(scratch_policy
     assert any(SCHEMA_NOTE in t for t in texts) and any(GUIDELINES_HEADER in t for t in texts)
     assert [d.labels for d in cued] == [d.labels for d in plain]
     assert all(len(c.input_ids) >= len(p.input_ids) for c, p in zip(cued, plain, strict=True))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A small warm start, built once; tests damage copies of it."""
+    cfg = practice_cfg(tmp_path_factory.mktemp("built"), "name=w")
+    return ensure_warm_start(cfg)
+
+
+@pytest.mark.parametrize(
+    "part, damage",
+    [
+        ("model.safetensors", "truncate"),
+        ("model.safetensors", "delete"),
+        ("tokenizer.json", "truncate"),
+        ("tokenizer.json", "delete"),  # transformers would load a tokenizer that knows two tokens, silently
+        ("config.json", "truncate"),
+    ],
+)
+def test_a_damaged_warm_start_is_named_in_one_line(built, tmp_path, capsys, part, damage):
+    import shutil
+
+    from seal_mini.__main__ import main
+    from seal_mini.runio import write_yaml
+
+    cfg = practice_cfg(tmp_path, "name=w", "train.steps=1", "train.tasks_per_step=2", "train.mini_batch_tasks=2")
+    shutil.copytree(built, warm_start_dir(cfg))
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    path = warm_start_dir(cfg) / part
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.unlink()
+    assert main(["train", "--resume", str(cfg.run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith(f"error: {path}: "), err[-2000:]
+    assert "python -m seal_mini sft" in err and "--rebuild" in err
+
+
+def test_a_copied_run_loads_its_own_warm_start(built, tmp_path):
+    """`cp -r a/run b/run`: what b exports is built on b's warm start, even with a gone."""
+    import shutil
+
+    from seal_mini.engine.policy import save_adapter
+    from seal_mini.programs.export import export_merged
+    from seal_mini.runio import write_yaml
+
+    cfg = practice_cfg(tmp_path / "a", "name=w")
+    shutil.copytree(built, warm_start_dir(cfg))
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
+    save_adapter(load_policy(cfg, banner=False), cfg.run_dir / "adapter")
+    copy = tmp_path / "b" / "w"
+    shutil.copytree(cfg.run_dir, copy)
+    shutil.rmtree(cfg.run_dir)
+    merged = export_merged(copy, tmp_path / "merged", dtype="float32")
+    assert (merged / "model.safetensors").is_file() and not cfg.run_dir.exists()

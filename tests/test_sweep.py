@@ -110,6 +110,13 @@ def test_a_second_sweep_of_the_same_recipe_stops_naming_the_first(tmp_path, monk
             sweep.main(argv)
 
 
+def test_seeds_must_be_given(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a: pytest.fail("a sweep started without --seeds"))
+    with pytest.raises(SystemExit):
+        sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path}"])
+    assert "the following arguments are required: --seeds" in capsys.readouterr().err
+
+
 def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monkeypatch):
     assert sweep.chosen_ablations(None) == [] and sweep.chosen_ablations("all") == list(sweep.ABLATIONS)
     assert sweep.chosen_ablations("no_closed_loop, vanilla_rl") == ["vanilla_rl", "no_closed_loop"]  # table order
@@ -126,5 +133,5 @@ def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monke
         (["--ablations"], list(sweep.ABLATIONS)),
         (["--ablations", "vanilla_rl"], ["vanilla_rl"]),
     ):
-        assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", *flags]) == 0
+        assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", "--seeds", "1", *flags]) == 0
         assert names.pop() == want

@@ -27,6 +27,7 @@ from seal_mini.config import Config, ConfigError
 from seal_mini.engine import attention
 from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
 from seal_mini.engine.render import ChatRenderer
+from seal_mini.runio import check_model_folder, writing
 
 TINY = "tiny-random"
 SCRATCH = "scratch"
@@ -113,6 +114,9 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
 
 WARM_START = "warm_start"
 """The run directory's folder for the warm start that `sft` builds (seal_mini.training.sft) and RL starts from."""
+WARM_START_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+"""What every warm start holds (sharded weights: their index and shards): without tokenizer.json,
+transformers would build a tokenizer that knows two tokens, without a word."""
 
 
 def warm_start_dir(cfg: Config) -> Path:
@@ -139,6 +143,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     name = cfg.model.name
+    required, fix = ("config.json",), "model.name: restore the model folder, or name another"
     if cfg.sft.enabled and corpus is None:  # a corpus is given while the warm start itself is being built
         name = str(warm_start_dir(cfg))
         if not (Path(name) / "config.json").is_file():
@@ -146,6 +151,8 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
                 f"sft.enabled: no warm start in {name}; build it with `python -m seal_mini sft RECIPE` "
                 "(train and pipeline build it themselves)"
             )
+        required = WARM_START_FILES
+        fix = f"restore it, or build the warm start again: python -m seal_mini sft {cfg.run_dir}/config.yaml --rebuild"
     elif name == TINY:
         from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
 
@@ -169,6 +176,8 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
         kwargs["device_map"] = {"": str(device)}
     if cfg.model.gguf_file:
         kwargs["gguf_file"] = cfg.model.gguf_file
+    elif Path(name).is_dir():  # a damaged file is named here, not deep inside transformers
+        check_model_folder(Path(name), required, fix)
     try:
         tokenizer = load_tokenizer(name, cfg.model.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
@@ -240,6 +249,18 @@ def load_backbone(cfg: Config, corpus: list[str]):
     return model, tokenizer, ChatRenderer(tokenizer, cfg.model.tool_format), device
 
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def checked_adapter(cfg: Config) -> Path:
+    """lora.adapter_path, its files checked (a damaged one is one line naming it, not a peft traceback)."""
+    path = Path(cfg.lora.adapter_path)
+    if not (path / "adapter_config.json").is_file():
+        raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
+    check_model_folder(path, ADAPTER_FILES, "restore the adapter, or train it again")
+    return path
+
+
 def add_lora(model, cfg: Config):
     """Wrap the base model with a fresh LoRA adapter (seeded), or the one at lora.adapter_path."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -248,10 +269,7 @@ def add_lora(model, cfg: Config):
         # Only active in train mode (the update); rollouts run in eval mode with a KV cache.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora.adapter_path:
-        path = Path(cfg.lora.adapter_path)
-        if not (path / "adapter_config.json").is_file():
-            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
-        return PeftModel.from_pretrained(model, str(path), is_trainable=True)
+        return PeftModel.from_pretrained(model, str(checked_adapter(cfg)), is_trainable=True)
     lora = LoraConfig(
         r=cfg.lora.rank,
         lora_alpha=cfg.lora.alpha,
@@ -281,10 +299,7 @@ def _load_unsloth(cfg: Config, dtype: torch.dtype):
     if cfg.lora.adapter_path:
         from peft import PeftModel
 
-        path = Path(cfg.lora.adapter_path)
-        if not (path / "adapter_config.json").is_file():
-            raise ConfigError(f"lora.adapter_path: {path} holds no adapter_config.json (save one with save_adapter)")
-        model = PeftModel.from_pretrained(model, str(path), is_trainable=True)
+        model = PeftModel.from_pretrained(model, str(checked_adapter(cfg)), is_trainable=True)
     else:
         model = FastLanguageModel.get_peft_model(
             model,
@@ -358,6 +373,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
 def save_adapter(policy: Policy, path: str | Path) -> Path:
     """Write the LoRA adapter (only the adapter: the base comes from model.name) to a folder."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    policy.model.save_pretrained(str(path), selected_adapters=[TRAINED_ADAPTER])  # never the reference copy
+    with writing(path / "adapter_model.safetensors"):  # what a full disk stops (named, not safetensors' words)
+        path.mkdir(parents=True, exist_ok=True)
+        policy.model.save_pretrained(str(path), selected_adapters=[TRAINED_ADAPTER])  # never the reference copy
     return path

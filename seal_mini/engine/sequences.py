@@ -16,7 +16,9 @@ gets the template's end-of-turn token (loss_mask 0) and goes to the environment 
 message cut sooner by max_response_tokens or max_total_tokens ends the episode (truncated), and so do
 reaching max_response_tokens at the end of a message and an answer of the environment that would leave
 no room for one more token. Room for the template's closing
-tokens is always kept, so a sequence ends as the template ends a conversation.
+tokens is always kept, so a sequence ends as the template ends a conversation. An environment that raises
+on a message (a defect: Episode.step answers anything a model writes) ends that episode as truncated, with
+a warning, so one message never ends a training run.
 
 This module is the bookkeeping of that sequence and nothing else: no model runs here. `Sequences` lays
 an episode's tokens down (prompt, sampled tokens, what the environment answers) within the length
@@ -28,6 +30,7 @@ from its own random stream (`episode_seed`), so both sample the same tokens.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -227,7 +230,16 @@ class Sequences:
         if not stopped and live.limited:  # out of tokens in mid-message
             return self.truncate(live)
         t.n_cut += not stopped
-        result = live.env.step(env_text)
+        try:
+            result = live.env.step(env_text)
+        except Exception as e:  # noqa: BLE001 - a defect an episode's message exposed ends that episode, not the run
+            print(
+                f"[rollout] warning: {t.task_id}: the environment raised {type(e).__name__} ({str(e)[:200]}) on a "
+                "message; the episode ends there, truncated",
+                file=sys.stderr,
+                flush=True,
+            )
+            return self.truncate(live)
         if result.done:
             self.close(live, result.observation)
             return False

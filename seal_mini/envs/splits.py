@@ -27,6 +27,24 @@ def load_split(cfg: Config) -> dict[str, list[str]]:
     return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
 
 
+def tasks_for(ids: list[str], what: str) -> list[Task]:
+    """The tasks of ids a user gave (BFCL V3 or practice); `what` names the option in the error on unknown ones."""
+    known = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}
+    tasks, unknown = [], []
+    for i in ids:
+        try:
+            tasks.append(practice.task(i) if practice.is_practice(i) else known[i])
+        except (KeyError, ConfigError):
+            unknown.append(i)
+    if unknown:
+        shown = ", ".join(repr(i) for i in unknown[:5])
+        raise ConfigError(
+            f"{what}: no such BFCL V3 task or practice task ({shown}; ids look like multi_turn_base_12 or "
+            "practice_0_heldin_base_3)"
+        )
+    return tasks
+
+
 def pick(ids: list[str], limit: int) -> list[Task]:
     """Tasks for ids (BFCL or practice); with a limit, spread it over the categories (first N of each)."""
     by_id = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}

@@ -149,8 +149,11 @@ def parse_tool_calls(text: str | bytes) -> list[dict | CallError]:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
             return [CallError("parse", f"message is not valid UTF-8 ({e.reason} at byte {e.start})")]
-    out: list[dict | CallError] = [_parse_block(m.group(1)) for m in _BLOCK.finditer(text)]
-    tail = text[text.rfind(CLOSE) + len(CLOSE) :] if CLOSE in text else text
+    closed = text.rfind(CLOSE) + len(CLOSE) if CLOSE in text else 0
+    # only the text up to the last closing tag: the same blocks, but the regex no longer rescans the rest of
+    # the message from every unclosed tag (quadratic time)
+    out: list[dict | CallError] = [_parse_block(m.group(1)) for m in _BLOCK.finditer(text, 0, closed)]
+    tail = text[closed:]
     if OPEN in tail:  # an opened block that never closes (e.g. generation stopped mid-call)
         out.append(CallError("parse", f"{OPEN} is never closed with {CLOSE}"))
     if len(out) > MAX_CALLS_PER_MESSAGE:
@@ -176,6 +179,8 @@ def _type_ok(value, schema_type) -> bool:
 
 
 def _size_problem(value, depth: int = 0) -> str | None:
+    if depth > MAX_DEPTH:  # checked before descending: a value nested a thousand deep never recurses
+        return f"values nested deeper than {MAX_DEPTH} levels"
     if isinstance(value, str) and len(value) > MAX_STRING_CHARS:
         return f"a string of {len(value)} characters (limit {MAX_STRING_CHARS})"
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:

@@ -20,7 +20,7 @@ from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import POLICIES
 from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent, eval_identity, play_in_pieces
-from seal_mini.runio import read_json, read_safetensors, resume_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import read_json, resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -126,22 +126,16 @@ def _label_counts(rows: list[dict]) -> dict[str, int]:
 
 def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
     """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
-    from seal_mini.envs.splits import load_split, pick
+    from seal_mini.envs.splits import load_split, pick, tasks_for
 
     if ids_file:
         path = Path(ids_file)
         if not path.is_file():
             raise ConfigError(f"--ids {ids_file}: no such file (a JSON list of task ids)")
         ids = read_json(path, fix="give a JSON list of task ids")
-        if not isinstance(ids, list):
-            raise ConfigError(f"--ids {ids_file}: expected a JSON list of task ids")
-        from seal_mini.envs.bfcl import tasks_by_id
-
-        known = tasks_by_id()
-        unknown = [i for i in ids if i not in known]
-        if unknown:
-            raise ConfigError(f"--ids {ids_file}: unknown task ids {unknown[:5]}")
-        return [known[i] for i in ids]
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            raise ConfigError(f"--ids {ids_file}: expected a JSON list of one or more task ids, got {str(ids)[:80]}")
+        return tasks_for(ids, f"--ids {ids_file}")
     split = load_split(cfg)
     ids = split["train"] + split["eval"] if cfg.eval.split == "all" else split[cfg.eval.split]
     return pick(ids, cfg.data.max_eval_tasks)
@@ -164,7 +158,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scripted", help="evaluate a scripted policy instead of a model: " + ", ".join(POLICIES))
     parser.add_argument("--ids", help="a JSON list of task ids instead of the split")
     parser.add_argument(
-        "--tag", default="", help="name of the result files (default: eval_base / eval_adapter / the scripted policy)"
+        "--tag",
+        default="",
+        help="name of the result files (default: base / adapter, as report reads them; the scripted policy)",
     )
     parser.add_argument("--suite", choices=["bfcl_v3", *OOD_SUITES], default="bfcl_v3", help="what to evaluate on")
     parser.add_argument(
@@ -189,10 +185,10 @@ def held_in_main(args, cfg: Config) -> int:
     else:
         policy = load_policy_for(cfg, args.adapter)
         if cfg.eval.base_model or not args.adapter:
-            tag = args.tag or "eval_base"
+            tag = args.tag or "base"
             results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, tag, source="base"))
         if args.adapter:
-            tag = f"{args.tag}_adapter" if args.tag else "eval_adapter"
+            tag = f"{args.tag}_adapter" if args.tag else "adapter"
             adapter = ModelAgent(policy, cfg, adapter=True)
             results.append(evaluate(adapter, tasks, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
     for result in results:
@@ -208,9 +204,7 @@ def load_policy_for(cfg: Config, adapter: str | None):
     if adapter:
         if not Path(adapter).is_dir():
             raise ConfigError(f"--adapter {adapter}: no such folder")
-        # a damaged adapter is named here in one line, not deep inside peft
-        read_safetensors(Path(adapter) / "adapter_model.safetensors", fix="restore it, or train it again")
-        cfg.lora.adapter_path = adapter
+        cfg.lora.adapter_path = adapter  # its files are checked before peft reads them (policy.checked_adapter)
     return load_policy(cfg)
 
 

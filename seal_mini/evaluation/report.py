@@ -14,12 +14,23 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
 from seal_mini.core.interface import active_cues
-from seal_mini.runio import atomic_write_bytes, atomic_write_text, read_json, read_jsonl_gz, read_metrics, run_lock
+from seal_mini.runio import (
+    atomic_write_bytes,
+    atomic_write_text,
+    missing_outputs,
+    names,
+    read_json,
+    read_jsonl_gz,
+    read_metrics,
+    run_lock,
+    writer,
+)
 
 COLUMNS = [*CATEGORIES, "mean"]
 
@@ -54,6 +65,9 @@ def load_run(run_dir: Path) -> dict:
     weights = []
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
         weights += [r["weight"] for r in read_jsonl_gz(path, fix=REMOVE)]
+    missing = missing_outputs(run_dir)
+    if missing:
+        print(f"[report] warning: {run_dir} lacks {names(missing)}; the report leaves them out", file=sys.stderr)
     return {
         "name": run_dir.name,
         "dir": run_dir,
@@ -61,7 +75,23 @@ def load_run(run_dir: Path) -> dict:
         "evals": evals,
         "rounds": rounds,
         "weights": weights,
+        "missing": missing,
+        "writer": None if (held := writer(run_dir)) and held.get("pid") == os.getpid() else held,  # not our own
     }
+
+
+def caveats(runs: list[dict]) -> str:
+    """What the report could not show: files a run's records name but that are gone, a run still training."""
+    lines = []
+    for run in runs:
+        if run["missing"]:
+            lines.append(f"- `{run['name']}` lacks {names(run['missing'])}; the sections below leave them out.")
+        if run["writer"]:
+            lines.append(
+                f"- `{run['name']}` was being written by `{run['writer'].get('command')}` (since "
+                f"{run['writer'].get('started')}): this report is a snapshot of it."
+            )
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 # --- tables -----------------------------------------------------------------------------------------
@@ -355,37 +385,41 @@ def weights_summary(run: dict) -> str:
     return f"{len(w)} trajectories: mean {mean:.3f}, min {min(w):.3f}, max {max(w):.3f}.\n"
 
 
-def build_report(run_dirs: list[Path], out_dir: Path) -> Path:
-    """Write report.md and its plots into out_dir; returns the markdown path."""
-    runs = [load_run(Path(d)) for d in run_dirs]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    main = runs[0]
-    figure = {
-        "eval_over_steps.png": plot_eval_over_steps(runs, out_dir / "eval_over_steps.png"),
-        "curves.png": plot_curves(runs, out_dir / "curves.png"),
-        "labels.png": plot_labels(main, out_dir / "labels.png"),
-        "cues.png": plot_cues(main, out_dir / "cues.png"),
-        "weights.png": plot_weights(main, out_dir / "weights.png"),
-    }
+def build_report(run_dirs: list[Path], out_dir: Path, command: str = "report") -> Path:
+    """Write report.md and its plots into out_dir; returns the markdown path.
 
-    def img(name: str, alt: str) -> str:
-        return f"![{alt}]({name})\n" if figure[name] else "_No data for this plot._\n"
+    It holds out_dir alone, not the runs: every file it reads is only ever replaced whole, so it reads a
+    run that is still training as a snapshot (and says so)."""
+    with run_lock(out_dir, command):
+        runs = [load_run(Path(d)) for d in run_dirs]
+        main = runs[0]
+        figure = {
+            "eval_over_steps.png": plot_eval_over_steps(runs, out_dir / "eval_over_steps.png"),
+            "curves.png": plot_curves(runs, out_dir / "curves.png"),
+            "labels.png": plot_labels(main, out_dir / "labels.png"),
+            "cues.png": plot_cues(main, out_dir / "cues.png"),
+            "weights.png": plot_weights(main, out_dir / "weights.png"),
+        }
 
-    parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n"]
-    parts += ["## Result (Table 1 style)\n", table_main(main)]
-    if warm_start_summary(main["dir"]):  # the backbone row is a warm start built by seal_mini/training/sft.py
-        parts += ["## Warm start\n", warm_start_summary(main["dir"])]
-    parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
-    if len(runs) > 1:
-        parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
-    parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
-    parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
-    parts += ["## Failure-label profile\n", img("labels.png", "label profile"), table_labels(main)]
-    parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
-    parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
-    path = out_dir / "report.md"
-    atomic_write_text(path, "\n".join(parts))
-    return path
+        def img(name: str, alt: str) -> str:
+            return f"![{alt}]({name})\n" if figure[name] else "_No data for this plot._\n"
+
+        notes = caveats(runs)
+        parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n", *([notes] if notes else [])]
+        parts += ["## Result (Table 1 style)\n", table_main(main)]
+        if warm_start_summary(main["dir"]):  # the backbone row is a warm start built by seal_mini/training/sft.py
+            parts += ["## Warm start\n", warm_start_summary(main["dir"])]
+        parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
+        if len(runs) > 1:
+            parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
+        parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
+        parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
+        parts += ["## Failure-label profile\n", img("labels.png", "label profile"), table_labels(main)]
+        parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
+        parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
+        path = out_dir / "report.md"
+        atomic_write_text(path, "\n".join(parts))
+        return path
 
 
 def main(argv: list[str]) -> int:
@@ -398,10 +432,7 @@ def main(argv: list[str]) -> int:
         if not run.is_dir():
             raise ConfigError(f"report: {run}: no such folder")
     out = Path(args.out) if args.out else runs[0] / "report"
-    # hold the run directory the report goes into (or the folder itself when it lies in none of them)
-    holder = next((run for run in runs if out.resolve().is_relative_to(run.resolve())), out)
-    with run_lock(holder, " ".join([parser.prog, *argv])):
-        path = build_report(runs, out)
+    path = build_report(runs, out, " ".join([parser.prog, *argv]))
     print(json.dumps({"report": str(path)}))
     return 0
 

@@ -21,8 +21,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from seal_mini.config import ConfigError
-from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode, StepResult
+from seal_mini.envs.splits import tasks_for
 from seal_mini.runio import FileError, read_json
 
 Ask = Callable[[int, str], str]
@@ -123,7 +123,7 @@ def verdict_lines(console: Console) -> list[str]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini chat", description="play one task with an agent")
     parser.add_argument("run_dir", help="runs/<name>, a finished training run")
-    parser.add_argument("--task", help="a BFCL V3 task id (default: the run's first held-in task)")
+    parser.add_argument("--task", help="a task id, BFCL V3 or practice (default: the run's first held-in task)")
     parser.add_argument("--backbone", action="store_true", help="the backbone alone (adapter off)")
     parser.add_argument("--replay", action="store_true", help="send the task's own turns without asking")
     parser.add_argument("--scripted", help="a scripted policy instead of the model: ground_truth | empty | ...")
@@ -134,12 +134,10 @@ def main(argv: list[str]) -> int:
 
     run_dir = Path(args.run_dir)
     cfg = run_config(run_dir)
-    known = tasks_by_id()
     task_id = args.task or _first_held_in(run_dir)
-    if task_id not in known:
-        raise ConfigError(f"--task {task_id}: no such BFCL V3 task (ids look like multi_turn_base_12)")
+    (task,) = tasks_for([task_id], f"--task {task_id}")
     ask = replay if args.replay or not sys.stdin.isatty() else typed
-    console = Console(Episode(known[task_id]), ask)  # the benchmark's own limits, as in evaluation
+    console = Console(Episode(task), ask)  # the benchmark's own limits, as in evaluation
 
     if args.scripted:
         if args.scripted not in POLICIES:

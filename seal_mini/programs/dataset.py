@@ -31,10 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, ConfigError, saved_config
-from seal_mini.runio import new_dir, read_json, read_jsonl_gz, run_lock
+from seal_mini.runio import missing_outputs, names, new_dir, read_json, read_jsonl_gz, run_lock
 
 SPLITS = ("trajectories", "turns", "eval", "suites")
 
@@ -225,6 +226,9 @@ def require_run_dir(run_dir: Path) -> Path:
 def tables(run_dir: Path) -> dict[str, list[dict]]:
     """Every split of a run as plain rows (the lists the datasets are built from)."""
     run_dir = require_run_dir(Path(run_dir))
+    missing = missing_outputs(run_dir)
+    if missing:
+        print(f"[dataset] warning: {run_dir} lacks {names(missing)}; the tables leave them out", file=sys.stderr)
     trajectories = read_trajectories(run_dir)
     held_in, suites = eval_rows(run_dir)
     return {"trajectories": trajectories, "turns": turn_rows(trajectories), "eval": held_in, "suites": suites}
@@ -248,6 +252,8 @@ def write_parquet(run_dir: str | Path, out_dir: str | Path | None = None) -> dic
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir else run_dir / "datasets"
     ours = {f"{split}.parquet" for split in SPLITS}
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"{out_dir} is a file; name a new or empty folder with --out (the file is left as it is)")
     if out_dir.is_dir() and not {p.name for p in out_dir.iterdir()} <= ours:
         raise ConfigError(f"{out_dir} holds files other than {sorted(ours)}; name a new or empty folder with --out")
     datasets = load(run_dir)

@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from seal_mini.config import CATEGORIES
+from seal_mini.config import CATEGORIES, nonnegative
 from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import Task, load_tasks
@@ -500,10 +500,10 @@ def _print_report(result: dict) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini diagnose-check", description=__doc__.split("\n")[0])
-    parser.add_argument("--limit", type=int, default=0, help="only task indices below this in each category")
+    parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
     parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
     parser.add_argument("--seed", type=int, default=0, help="seed of the faulted-turn draws")
-    parser.add_argument("--examples", type=int, default=3, help="misses shown per fault kind")
+    parser.add_argument("--examples", type=nonnegative, default=3, help="misses shown per fault kind")
     parser.add_argument(
         "--small-model",
         default="",
@@ -511,7 +511,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--turns-per-fault",
-        type=int,
+        type=nonnegative,
         default=0,
         help="faulted turns per task and kind (0 = every turn where it applies)",
     )
@@ -520,11 +520,13 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--verify-every",
-        type=int,
+        type=nonnegative,
         default=8,
         help="official verdict on the faulty episodes of every N-th task (0: none)",
     )
-    parser.add_argument("--small-model-turns", type=int, default=70, help="faulty episodes the small model judges")
+    parser.add_argument(
+        "--small-model-turns", type=nonnegative, default=70, help="faulty episodes the small model judges"
+    )
     args = parser.parse_args(argv)
     result = run_check(
         args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel, args.verify_every

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from types import SimpleNamespace
 
-from seal_mini.config import CATEGORIES
+from seal_mini.config import CATEGORIES, ConfigError, nonnegative
 from seal_mini.envs.bfcl import Task, foreign_tool_names, load_tasks, to_chat_tool
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import format_call
@@ -522,7 +522,7 @@ def run_differential(kinds=tuple(PERTURBATIONS), categories=CATEGORIES, limit: i
     """Per kind: episodes, agreements, passes on each side and the first disagreements."""
     unknown = [k for k in kinds if k not in PERTURBATIONS]
     if unknown:
-        raise ValueError(f"unknown perturbation kinds {unknown}; known: {list(PERTURBATIONS)}")
+        raise ConfigError(f"--kinds: unknown perturbation kinds {unknown}; known: {', '.join(PERTURBATIONS)}")
     start = time.perf_counter()
     tallies = {kind: Tally() for kind in kinds}
     for task in load_tasks(categories):
@@ -562,7 +562,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--kinds", nargs="+", default=list(PERTURBATIONS), help="perturbation kinds (default: all)")
     parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
-    parser.add_argument("--limit", type=int, default=0, help="only task indices below this in each category")
+    parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     result = run_differential(args.kinds, args.categories, args.limit, args.seed)

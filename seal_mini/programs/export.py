@@ -25,10 +25,9 @@ import yaml
 
 from seal_mini import __version__
 from seal_mini.config import CATEGORIES, Config, ConfigError, saved_config
-from seal_mini.engine.policy import SCRATCH
-from seal_mini.runio import atomic_write_text, new_dir, read_json, read_metrics, run_lock
+from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH
+from seal_mini.runio import atomic_write_text, check_model_folder, new_dir, read_json, read_metrics, run_lock
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 EXPORT_MARK = "seal_mini_config.yaml"
 """The run's recipe, written into every export: also how an earlier export is told from other folders."""
 
@@ -54,12 +53,15 @@ def writable(out: Path, force: bool) -> Path:
 
 
 def trained_adapter(run_dir: Path) -> Path:
-    """RUN_DIR/adapter, written when training finished."""
+    """RUN_DIR/adapter, written when training finished, its files checked (nothing damaged is copied or loaded)."""
     adapter = run_dir / "adapter"
     missing = [f for f in ADAPTER_FILES if not (adapter / f).is_file()]
     if missing:
         hint = f"finish training first (python -m seal_mini train --resume {run_dir})"
         raise ConfigError(f"{adapter}: no trained adapter ({', '.join(missing)} missing); {hint}")
+    check_model_folder(
+        adapter, ADAPTER_FILES, f"restore it, or train again (python -m seal_mini train --resume {run_dir})"
+    )
     return adapter
 
 

@@ -39,6 +39,7 @@ import torch
 
 from seal_mini.config import Config, ConfigError, load_config
 from seal_mini.engine.logprobs import causal_lm
+from seal_mini.runio import read_json
 
 # The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
 # fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
@@ -109,7 +110,7 @@ def architecture(cfg: Config, shrink: bool) -> dict:
     name = cfg.model.name
     folder = Path(name) / "config.json"
     if folder.is_file():
-        shape = json.loads(folder.read_text())
+        shape = read_json(folder, "restore it, or name another model folder")
     elif name in KNOWN_SHAPES:
         shape = dict(KNOWN_SHAPES[name])
     else:

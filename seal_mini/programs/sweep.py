@@ -25,7 +25,7 @@ import yaml
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
-from seal_mini.runio import atomic_write_text, read_json, run_lock, write_json
+from seal_mini.runio import atomic_write_text, read_json, read_yaml, run_lock, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root: recipes/ablations/ lies there."""
@@ -59,7 +59,7 @@ def ablation_overrides(name: str, folder: Path = ROOT / "recipes" / "ablations")
     path = folder / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"sweep: no ablation recipe {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "fix the ablation recipe") or {}
     data.pop("base", None)
     data.pop("name", None)
     data.get("ood", {}).pop("suites", None)  # the sweep never runs the out-of-distribution suites
@@ -148,7 +148,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, applied to every run")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 (each run takes minutes to hours)")
     parser.add_argument(
         "--ablations",
         nargs="?",

@@ -89,6 +89,7 @@ from seal_mini.runio import (
     write_json,
     write_jsonl_gz,
     write_metrics,
+    write_torch,
     write_yaml,
 )
 from seal_mini.training.tracking import Tracker, check_backends
@@ -416,8 +417,8 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
     check_finite_weights(policy, f"checkpoint of step {state.step}")
     with new_dir(run_dir / "checkpoint" / f"step_{state.step:04d}") as tmp:
         save_adapter(policy, tmp / "adapter")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-        torch.save(rng_states(), tmp / "rng.pt")
+        write_torch({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+        write_torch(rng_states(), tmp / "rng.pt")
         write_json(
             tmp / "state.json",
             {
