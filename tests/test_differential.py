@@ -6,6 +6,8 @@ must the prompt of every model query. `python -m seal_mini oracle --differential
 (PERTURBATIONS); it takes about four times as long.
 """
 
+import random
+
 import pytest
 
 from seal_mini.config import RolloutConfig
@@ -82,9 +84,9 @@ def test_a_message_bfcls_prompt_cannot_write_back_fails_the_entry_at_the_next_qu
             assert valid or played.error_type == "multi_turn:inference_error"
 
 
-def _engine_prompts(task, script, renderer) -> list[list[int]]:
+def _engine_prompts(task, script, renderer) -> tuple[list[list[int]], object]:
     """The token ids the rollout engine's bookkeeping lays down before each model query of a scripted
-    episode (the scripted messages stand in for sampled tokens)."""
+    episode (the scripted messages stand in for sampled tokens), and its trajectory."""
     limit = 1_000_000
     cfg = RolloutConfig(
         max_new_tokens=limit, max_prompt_tokens=limit, max_response_tokens=limit, max_total_tokens=limit
@@ -101,7 +103,7 @@ def _engine_prompts(task, script, renderer) -> list[list[int]]:
             for token in renderer.encode(text) + [renderer.end_of_turn_id]:
                 sequences.sampled(live, token, 0.0)
             sequences.end_message(live)
-    return prompts
+    return prompts, live.traj
 
 
 @pytest.mark.parametrize("category", ["base", "miss_func", "miss_param", "long_context"])
@@ -112,6 +114,22 @@ def test_the_engine_lays_down_bfcls_prompt_token_for_token(category):
     renderer = ChatRenderer(tiny_tokenizer(), "bfcl")
     for task in load_tasks([category])[::40]:
         script = [[format_call(n, a) for n, a in calls] if calls else [] for calls in ground_truth_turns(task)]
-        kit = _engine_prompts(task, script, renderer)
+        kit, trajectory = _engine_prompts(task, script, renderer)
         bfcl = [renderer.encode(p) for p in bfcl_verdict(task, script).prompts]
-        assert kit == bfcl, task.id
+        assert kit == bfcl and trajectory.exact, task.id
+
+
+@pytest.mark.parametrize("kind", ["think_block", "duplicated_call"])
+def test_a_message_bfcls_history_writes_otherwise_keeps_its_tokens_and_says_so(kind):
+    """BFCL's history drops a <think> block and writes two equal calls with no newline between them; the
+    engine keeps what the model sampled, marks the trajectory inexact, and goes on from BFCL's text."""
+    renderer = ChatRenderer(tiny_tokenizer(), "bfcl")
+    differed = 0
+    for task in load_tasks()[::50]:
+        script = PERTURBATIONS[kind](task, ground_truth_turns(task), random.Random(f"0:{task.id}:{kind}"))
+        kit, trajectory = _engine_prompts(task, script, renderer)
+        bfcl = [renderer.encode(p) for p in bfcl_verdict(task, script).prompts]
+        assert len(kit) == len(bfcl) and kit[0] == bfcl[0]
+        differed += kit != bfcl
+        assert kit == bfcl or not trajectory.exact  # a message the history writes otherwise ends exactness
+    assert differed > 0

@@ -63,18 +63,21 @@ def chat_tool(tool: dict) -> dict:
     return tool if tool.get("type") == "function" else to_chat_tool(tool)
 
 
-def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:
+def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool, next_role: str = "") -> str:
     """BFCL's Qwen prompt for a conversation. BFCL writes only prompts, which end by asking for the next
-    message; a conversation that ends here is the text of that prompt up to what would come next (a
-    tool result stands in for it, which leaves the messages before it as they are)."""
-    from seal_mini.envs.harness import bfcl_prompt
+    message; a conversation that ends with an assistant message is the text of the prompt that would
+    follow it, up to what comes next (`next_role`; by default a tool result after a message with calls,
+    a user turn after one that ends the turn). What comes next matters: BFCL writes the reasoning of the
+    messages since the last user turn, and a new user turn writes them without it."""
+    from seal_mini.envs.harness import bfcl_prompt, decode
 
     if add_generation_prompt:
         return bfcl_prompt(messages, tools)
     if not messages or messages[-1]["role"] != "assistant":
         return bfcl_prompt(messages, tools).removesuffix(GENERATION_PROMPT)
-    text = bfcl_prompt([*messages, {"role": "tool", "content": _MARKER}], tools)
-    return text[: text.rindex(f"<|im_start|>user\n<tool_response>\n{_MARKER}")]
+    role = next_role or ("user" if decode(messages[-1]["content"]).ends_turn else "tool")
+    text = bfcl_prompt([*messages, {"role": role, "content": _MARKER}], tools)
+    return text[: text.rindex("<|im_start|>user\n" + ("<tool_response>\n" if role == "tool" else "") + _MARKER)]
 
 
 # --- LEARNER EDIT POINT: the tool block of prompt mode -------------------------------------------
@@ -244,7 +247,10 @@ class ChatRenderer:
         target = self.render(before + new, tools, add_generation_prompt)
         if target.startswith(current):
             return self.encode(target[len(current) :]), True
-        rendered_before = self.render(before, tools)
+        if self.tool_format == "bfcl":  # the earlier messages as BFCL writes them when `new` follows
+            rendered_before = bfcl_text(before, tools, False, new[0]["role"] if new else "")
+        else:
+            rendered_before = self.render(before, tools)
         cut = rendered_before.rfind(self.end_of_turn_text)
         if not target.startswith(rendered_before) or cut < 0 or not current.endswith(self.end_of_turn_text):
             raise TemplateError(
