@@ -24,6 +24,7 @@ from seal_mini.programs.differential import (
     REFUSAL_KINDS,
     bfcl_verdict,
     kit_verdict,
+    main,
     print_report,
     run_differential,
 )
@@ -59,6 +60,11 @@ def test_the_kits_refusals_differ_from_bfcl_only_by_failing_what_bfcl_evals():
     # code in a name or key: BFCL evals it and runs the call it spells, the kit refuses it
     assert result["code_in_name"]["kit_passed"] == result["code_in_key"]["kit_passed"] == 0
     assert result["code_in_key"]["bfcl_passed"] > 0
+
+
+def test_the_command_fails_only_on_a_difference_outside_the_refusal_kinds(capsys):
+    assert main(["--kinds", "ground_truth", "code_in_name", "--limit", "2"]) == 0  # code_in_name differs
+    assert "code_in_name" in capsys.readouterr().out
 
 
 def test_the_reference_is_bfcls_loop_answered_by_the_script():

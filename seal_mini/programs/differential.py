@@ -775,6 +775,6 @@ def main(argv: list[str]) -> int:
     result = run_differential(args.kinds, args.categories, args.limit, args.seed)
     print_report(result)
     print(json.dumps(result))
+    # a refused call's output is the kit's own line, so a refusal kind's prompts and verdicts may differ
     held = [t for kind, t in result["kinds"].items() if kind not in REFUSAL_KINDS]
-    same = all(t["same_prompts"] == t["episodes"] for t in result["kinds"].values())
-    return 0 if same and all(t["agree"] == t["episodes"] for t in held) else 1
+    return 0 if all(t["agree"] == t["same_prompts"] == t["episodes"] for t in held) else 1
