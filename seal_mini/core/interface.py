@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from seal_mini.config import ConfigError, InterfaceConfig
 from seal_mini.engine.render import KEEP_DEFAULT_SYSTEM
 from seal_mini.envs.bfcl import to_chat_tool
-from seal_mini.envs.episode import CallEvent, Episode, StepResult, TurnRecord, render_new_tools
+from seal_mini.envs.episode import CallEvent, Episode, StepResult, TurnRecord
 from seal_mini.labels import REGISTRY, require_labels
 
 # --- LEARNER EDIT POINT: the cue texts ------------------------------------------------------------
@@ -243,17 +243,21 @@ def _type_name(spec: dict) -> str:
 
 
 def annotate_tool(tool: dict) -> dict:
-    """phi_schema on one chat tool: a copy whose parameter descriptions end in [required; type]."""
+    """phi_schema on one tool (a BFCL doc or a chat tool): a copy whose parameter descriptions end in
+    [required; type], the types named as JSON schema names them."""
     tool = copy.deepcopy(tool)
-    params = tool["function"]["parameters"]
+    chat = tool if "function" in tool else to_chat_tool(tool)
+    params = tool["function"]["parameters"] if "function" in tool else tool.get("parameters", {})
+    schema = chat["function"]["parameters"]
     required = set(params.get("required", []))
     for name, spec in params.get("properties", {}).items():
         presence = "required" if name in required else "optional"
+        json_spec = schema["properties"][name]
         if "enum" in spec:
             values = ", ".join(json.dumps(v) for v in spec["enum"])
-            mark = ENUM_MARK.format(presence=presence, type=_type_name(spec), values=values)
+            mark = ENUM_MARK.format(presence=presence, type=_type_name(json_spec), values=values)
         else:
-            mark = PARAM_MARK.format(presence=presence, type=_type_name(spec))
+            mark = PARAM_MARK.format(presence=presence, type=_type_name(json_spec))
         spec["description"] = f"{spec.get('description', '').rstrip()} {mark}".lstrip()
     return tool
 
@@ -410,16 +414,19 @@ class Interface:
         self.errors_rewritten += len(unread)
 
     def _annotate_reveal(self, observation: list[dict]) -> None:
-        """miss_func: the user message that reveals tools shows their schemas; mark those too."""
-        docs = self.env.task.held_out.get(len(self.env.turns) - 1)
+        """miss_func: the user message that reveals tools shows their schemas (BFCL's as Python writes
+        them, or the kit's as JSON); mark those too."""
+        index = len(self.env.turns) - 1
+        docs = self.env.task.held_out.get(index)
         if not docs:
             return
-        bare = render_new_tools(docs)
+        bare = self.env.turns[index].user_text
         for message in observation:
             if message.get("role") == "user" and message.get("content") == bare:
                 content = bare
                 for doc in docs:
                     tool = to_chat_tool(doc)
+                    content = content.replace(repr(doc), repr(annotate_tool(doc)))
                     content = content.replace(json.dumps(tool), json.dumps(annotate_tool(tool)))
                 message["content"] = content
 

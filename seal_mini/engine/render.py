@@ -1,10 +1,16 @@
-"""Messages -> text -> token ids, through the tokenizer's own chat template.
+"""Messages -> text -> token ids, through BFCL's Qwen handler or the tokenizer's own chat template.
 
-Two ways to show tools to the model (`model.tool_format`):
+Three ways to write the prompt (`model.tool_format`):
+  bfcl:     BFCL's Qwen FC handler writes it, with its own code (QwenFCHandler._format_prompt, see
+            seal_mini.envs.harness.bfcl_prompt): what BFCL shows a Qwen model, token for token, given
+            the same messages (no default system text, tools as BFCL's docs, assistant messages as
+            BFCL's chat history keeps them). Needs a ChatML tokenizer.
   template: the template renders them (`apply_chat_template(tools=...)`, as Qwen2.5, Llama 3.1 and
             ToolACE do);
   prompt:   for templates without tool support, seal_mini writes the tool block into the system
             message itself and hands tool results back as user messages in <tool_response> tags.
+Tools come as BFCL docs (a BFCL episode's) or as chat-template dicts (tau2's); the last two modes show
+BFCL docs as chat-template dicts (seal_mini.envs.bfcl.to_chat_tool).
 
 The rollout engine never re-tokenizes what the model sampled. After a model call it only needs the
 tokens that come next (the end of the assistant turn, tool results, the next user turn, the start of
@@ -24,6 +30,7 @@ import json
 import jinja2
 
 from seal_mini.config import ConfigError
+from seal_mini.envs.bfcl import to_chat_tool
 
 KEEP_DEFAULT_SYSTEM = "keep_default_system"
 """Key that marks a system message to be written after the template's default system text (Qwen2.5's
@@ -45,6 +52,32 @@ _PROBE_TOOLS = [
 
 class TemplateError(ConfigError):
     """The chat template cannot be used for exact multi-turn rollouts; the message says why."""
+
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+"""How BFCL's Qwen handler ends every prompt."""
+
+
+def chat_tool(tool: dict) -> dict:
+    """A tool as a chat template expects it: a chat-template dict as is, a BFCL doc converted."""
+    return tool if tool.get("type") == "function" else to_chat_tool(tool)
+
+
+def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool, next_role: str = "") -> str:
+    """BFCL's Qwen prompt for a conversation. BFCL writes only prompts, which end by asking for the next
+    message; a conversation that ends with an assistant message is the text of the prompt that would
+    follow it, up to what comes next (`next_role`; by default a tool result after a message with calls,
+    a user turn after one that ends the turn). What comes next matters: BFCL writes the reasoning of the
+    messages since the last user turn, and a new user turn writes them without it."""
+    from seal_mini.envs.harness import bfcl_prompt, decode
+
+    if add_generation_prompt:
+        return bfcl_prompt(messages, tools)
+    if not messages or messages[-1]["role"] != "assistant":
+        return bfcl_prompt(messages, tools).removesuffix(GENERATION_PROMPT)
+    role = next_role or ("user" if decode(messages[-1]["content"]).ends_turn else "tool")
+    text = bfcl_prompt([*messages, {"role": role, "content": _MARKER}], tools)
+    return text[: text.rindex("<|im_start|>user\n" + ("<tool_response>\n" if role == "tool" else "") + _MARKER)]
 
 
 # --- LEARNER EDIT POINT: the tool block of prompt mode -------------------------------------------
@@ -95,7 +128,14 @@ class ChatRenderer:
 
     def __init__(self, tokenizer, tool_format: str = "template", extra_stop_ids: tuple[int, ...] = ()):
         template = tokenizer.chat_template
-        if not isinstance(template, str) or not template:
+        if tool_format == "bfcl":
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("<|im_start|>", "<|im_end|>")]
+            if any(len(i) != 1 for i in ids):
+                raise TemplateError(
+                    "model.tool_format=bfcl writes BFCL's Qwen prompt, which needs a ChatML tokenizer "
+                    "(<|im_start|> and <|im_end|> as tokens); set model.tool_format=template or prompt"
+                )
+        elif not isinstance(template, str) or not template:
             raise TemplateError(
                 "the tokenizer has no chat template (a single string); use an instruct model or set one"
             )
@@ -130,13 +170,17 @@ class ChatRenderer:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_ids = frozenset(stops)
-        self.default_system = {False: self._default_system(None)}
+        bfcl = tool_format == "bfcl"  # BFCL's Qwen prompt has no default system text
+        self.default_system = {False: "" if bfcl else self._default_system(None)}
         """The template's default system text, without tools (False) and with them (True); "" if none."""
-        if tool_format == "template":  # prompt mode never hands the template any tools
-            self.default_system[True] = self._default_system(_PROBE_TOOLS)
+        if tool_format != "prompt":  # prompt mode never hands the template any tools
+            self.default_system[True] = "" if bfcl else self._default_system(_PROBE_TOOLS)
 
     def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
-        """The conversation as the chat template writes it (tools rendered as tool_format says)."""
+        """The conversation as the model sees it (written as tool_format says)."""
+        if self.tool_format == "bfcl":
+            return bfcl_text(messages, tools, add_generation_prompt)
+        tools = [chat_tool(t) for t in tools or []]
         if self.tool_format == "prompt":
             messages, tools = to_prompt_mode(messages, tools), None
         if messages and messages[0].get(KEEP_DEFAULT_SYSTEM):
@@ -203,7 +247,10 @@ class ChatRenderer:
         target = self.render(before + new, tools, add_generation_prompt)
         if target.startswith(current):
             return self.encode(target[len(current) :]), True
-        rendered_before = self.render(before, tools)
+        if self.tool_format == "bfcl":  # the earlier messages as BFCL writes them when `new` follows
+            rendered_before = bfcl_text(before, tools, False, new[0]["role"] if new else "")
+        else:
+            rendered_before = self.render(before, tools)
         cut = rendered_before.rfind(self.end_of_turn_text)
         if not target.startswith(rendered_before) or cut < 0 or not current.endswith(self.end_of_turn_text):
             raise TemplateError(

@@ -24,6 +24,8 @@ os.environ.setdefault("BFCL_PROJECT_ROOT", str(Path(tempfile.gettempdir()) / "se
 TASKS_PER_CATEGORY = 200
 NEW_TOOLS_USER_TEXT = "I have updated some more functions you can choose from. What about now?"
 """What BFCL says at a miss_func reveal turn (its DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC)."""
+PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
+"""What BFCL's loader appends to the description of every tool a Python task offers from its start."""
 
 _BFCL_TO_JSON_TYPE = {
     "dict": "object",
@@ -45,13 +47,14 @@ class Task:
     category: str
     index: int
     turns: list[list[dict]]
-    """User messages per turn; a miss_func reveal turn has none (the env fills in BFCL's text)."""
+    """User messages per turn. A BFCL miss_func reveal turn holds the message BFCL's inference loop sends
+    there; a task of the kit's own may leave it empty (the env then writes its own)."""
     initial_config: dict
     involved_classes: list[str]
     ground_truth: list[list[str]]
     """Per turn, the reference calls as BFCL strings (some use positional arguments)."""
     tools: list[dict]
-    """BFCL tool docs offered from the first turn."""
+    """BFCL tool docs offered from the first turn (a BFCL task's as its entry gives them to the model)."""
     held_out: dict[int, list[dict]] = field(default_factory=dict)
     """miss_func: turn index -> tool docs revealed at that turn."""
 
@@ -106,6 +109,12 @@ def foreign_tool_names(task: Task) -> list[str]:
 
 @cache
 def _load_category(category: str) -> tuple[Task, ...]:
+    """A category's tasks with what BFCL's loader and inference loop show the model: the offered docs with
+    its Python hint (the held-out ones without, as its loader leaves them), and at each reveal turn the
+    message its prompting loop sends (DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING: the held-out
+    docs as Python writes a list, then its sentence). The system prompt's tool list never changes."""
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING
+
     data_dir = bfcl_root() / "data"
     rows = read_jsonl(data_dir / f"BFCL_v4_multi_turn_{category}.json")
     answer_rows = read_jsonl(data_dir / "possible_answer" / f"BFCL_v4_multi_turn_{category}.json")
@@ -114,15 +123,20 @@ def _load_category(category: str) -> tuple[Task, ...]:
     for row in rows:
         docs = [dict(d) for cls in row["involved_classes"] for d in tool_docs(cls)]
         held_out: dict[int, list[dict]] = {}
+        turns = [list(messages) for messages in row["question"]]
         for turn, names in row.get("missed_function", {}).items():
-            held_out[int(turn)] = [d for d in docs if d["name"] in names]
+            held_out[int(turn)] = [next(d for d in docs if d["name"] == name) for name in names]  # BFCL's order
             docs = [d for d in docs if d["name"] not in names]
+            reveal = DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=held_out[int(turn)])
+            turns[int(turn)] = [{"role": "user", "content": reveal}]
+        for doc in docs:
+            doc["description"] += PYTHON_HINT
         tasks.append(
             Task(
                 id=row["id"],
                 category=category,
                 index=int(row["id"].rsplit("_", 1)[1]),
-                turns=row["question"],
+                turns=turns,
                 initial_config=row["initial_config"],
                 involved_classes=list(row["involved_classes"]),
                 ground_truth=answers[row["id"]],

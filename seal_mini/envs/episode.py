@@ -19,24 +19,26 @@ runs. The training interface may ask `step` to let the model retry after an unre
 from __future__ import annotations
 
 import copy
-import importlib
 import json
 import pickle
 from dataclasses import dataclass, field
 
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, Task, to_chat_tool
 from seal_mini.envs.harness import (
+    INSTANCE_PREFIX,
     decode,
     format_output,
+    fresh_class,
     instance_name,
     method_owners,
     public_method_names,
     run_call,
     unread_blocks,
+    unwritable,
 )
 from seal_mini.envs.toolcalls import CallError, validate_call
 
-__all__ = ["format_output"]  # re-exported: BFCL's way of writing a result, used by the diagnoser
+__all__ = ["INSTANCE_PREFIX", "format_output"]  # re-exported for the diagnoser
 
 # Why an episode's turn ended (TurnRecord.ended_by).
 NO_CALL = "no_call"  # a message that decoded to no call (an answer, or calls BFCL could not read): BFCL's end of a turn
@@ -44,11 +46,7 @@ TURN_LIMIT = "turn_limit"  # more tool-calling messages than allowed in one turn
 EPISODE_LIMIT = "episode_limit"  # the per-episode call budget ran out
 TRUNCATED = "truncated"  # the rollout engine hit a token limit
 NOT_REACHED = "not_reached"  # the episode ended before this turn began
-
-INSTANCE_PREFIX = "seal_mini"
-"""The 'model name' in the global names of the episode's back-end instances (BFCL's executor writes
-them into a string argument that mentions a method followed by '(')."""
-ARGUMENT_VIOLATIONS = ("missing_required", "unknown_argument", "wrong_type", "not_in_enum", "too_large")
+INFERENCE_ERROR = "inference_error"  # BFCL's loop would fail writing its next prompt (see Episode.step)
 
 
 @dataclass
@@ -61,13 +59,13 @@ class CallEvent:
     arguments: dict | None
     error_kind: str | None = None
     """None (ran fine) | parse (a block BFCL could not read: nothing ran) | unknown_tool (the name is no
-    tool of the task: BFCL's eval stops with an error) | arguments (missing or unknown arguments, a value
-    refused as too large) | execution (the back end raised or reported an error)."""
+    tool of the task: BFCL's eval stops with an error) | arguments (missing or unknown arguments, or a
+    call the harness refused) | execution (the back end raised or reported an error)."""
     error: str = ""
     violation: str = ""
     """Schema problem, for the diagnoser and the interface: unknown_tool | not_offered (a task tool not
-    revealed yet) | missing_required | unknown_argument | wrong_type | not_in_enum | too_large. Every
-    decoded call runs regardless, as in BFCL (only too_large values are refused)."""
+    revealed yet) | missing_required | unknown_argument | wrong_type | not_in_enum. Every decoded call
+    runs regardless, as in BFCL."""
     call: str | None = None
     """The call as BFCL's scorer hands it to the checker (None for a block that was not decoded)."""
     output: str | None = None
@@ -100,14 +98,14 @@ class StepResult:
     events: list[CallEvent]
 
 
-def new_instances(task: Task) -> dict[str, object]:
-    """Fresh back-end instances for a task (a deep copy of its initial state; nothing cached)."""
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
+def new_instances(task: Task, classes: dict[str, type] | None = None) -> dict[str, object]:
+    """Fresh back-end instances for a task: a deep copy of its initial state, of classes of their own
+    (`classes`, by default a fresh_class per back end), so nothing is shared with any other episode."""
+    from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
 
     instances = {}
     for class_name in task.involved_classes:
-        cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
-        instance = cls()
+        instance = (classes[class_name] if classes else fresh_class(class_name))()
         if class_name not in STATELESS_CLASSES:
             instance._load_scenario(
                 copy.deepcopy(task.initial_config.get(class_name, {})), long_context=task.long_context
@@ -135,8 +133,8 @@ def state_of(instances: dict[str, object]) -> dict[str, dict]:
 
 
 def render_new_tools(docs: list[dict]) -> str:
-    """The user message of a miss_func reveal turn, in the order of BFCL's prompting path: the new
-    tools' schemas first, then its sentence saying that more functions are available."""
+    """The user message of a reveal turn for a task of the kit's own that has none (a BFCL task holds
+    BFCL's): the new tools' schemas first, then BFCL's sentence saying that more functions are available."""
     body = "\n".join(json.dumps(to_chat_tool(d)) for d in docs)
     return f"<tools>\n{body}\n</tools>\n{NEW_TOOLS_USER_TEXT}"
 
@@ -152,7 +150,8 @@ class Episode:
     # -- the gym-like contract ---------------------------------------------------------------------
 
     def reset(self) -> tuple[list[dict], list[dict]]:
-        """Fresh state. Returns (first messages, tools as chat-template dicts)."""
+        """Fresh state. Returns (first messages, the tools offered from the start as the task's BFCL docs:
+        the renderer shows them in the model's format). Tools revealed later come in a user message."""
         self.instances = new_instances(self.task)
         self.methods = public_methods(self.instances)
         # BFCL's executor knows each instance by a global name and maps every public method to it
@@ -168,7 +167,7 @@ class Episode:
         self.done = False
         self.ended_by = ""
         first = self._begin_turn(0)
-        return first, [self.offered[n] for n in self.offered]
+        return first, copy.deepcopy(self.task.tools)
 
     def step(self, text: str | bytes, retry_unreadable: bool = False) -> StepResult:
         """Run one assistant message as BFCL's inference loop does. Never raises for anything the model wrote.
@@ -178,6 +177,16 @@ class Episode:
         if self.done:
             raise RuntimeError("step() after the episode ended; call reset()")
         turn = self.turns[-1]
+        retried = turn.retried
+        result = self._step(turn, text, retry_unreadable)
+        if not self.done and turn.retried == retried and unwritable(text):
+            # BFCL's chat history keeps this message's calls as its decoder found them, and its prompt
+            # cannot write one of them: its loop stops the entry with an error at the next query, which
+            # its scorer fails (a message with no later query does no harm)
+            return self._end_episode(result.observation, result.events, INFERENCE_ERROR)
+        return result
+
+    def _step(self, turn: TurnRecord, text: str | bytes, retry_unreadable: bool) -> StepResult:
         step_index = turn.messages
         turn.messages += 1
         decoded = decode(text)
@@ -219,18 +228,20 @@ class Episode:
 
     # -- internals ---------------------------------------------------------------------------------
 
+    def _messages(self, index: int) -> list[dict]:
+        """The messages that open turn `index`: the task's, or at a reveal turn without any, the kit's."""
+        if not self.task.turns[index] and index in self.task.held_out:
+            return [{"role": "user", "content": render_new_tools(self.task.held_out[index])}]
+        return [dict(m) for m in self.task.turns[index]]
+
     def _user_text(self, index: int) -> str:
-        if index in self.task.held_out:
-            return render_new_tools(self.task.held_out[index])
-        return "\n".join(m["content"] for m in self.task.turns[index] if m.get("role") == "user")
+        return "\n".join(m["content"] for m in self._messages(index) if m.get("role") == "user")
 
     def _begin_turn(self, index: int) -> list[dict]:
         for doc in self.task.held_out.get(index, []):
             self.offered[doc["name"]] = self.later.pop(doc["name"], None) or to_chat_tool(doc)
         self.turns.append(TurnRecord(index=index, user_text=self._user_text(index)))
-        if index in self.task.held_out:
-            return [{"role": "user", "content": self._user_text(index)}]
-        return [dict(m) for m in self.task.turns[index]]
+        return self._messages(index)
 
     def _after_tool_message(self, turn: TurnRecord, observation: list[dict], events: list[CallEvent]) -> StepResult:
         """The limits after a message that made calls. BFCL counts such messages per user turn and
@@ -286,10 +297,10 @@ class Episode:
         """The schema violation of a call against the tools offered so far and those revealed later ("" if none)."""
         if not isinstance(name, str) or not name:
             return "unknown_tool"
-        checked = validate_call({"name": name, "arguments": arguments or {}}, self.offered, self.later)
+        checked = validate_call({"name": name, "arguments": arguments or {}}, self.offered, self.later, limits=False)
         if isinstance(checked, CallError) and checked.kind == "unknown_tool":
             return "unknown_tool"
-        return checked.violation  # too_large flags a value; whether it runs is the harness's call
+        return checked.violation
 
 
 def _text_name(item: dict) -> str | None:

@@ -3,7 +3,8 @@
 The held-in score must be what BFCL's own inference loop and scorer give for the same model output
 (bfcl-eval 2026.3.23, the Qwen / Hermes `<tool_call>` format). Both halves follow BFCL step for step.
 
-Decoding is BFCL's Qwen handler itself (model_handler/local_inference/qwen_fc.py):
+Decoding is BFCL's Qwen handler itself (model_handler/local_inference/qwen_fc.py), and so is the prompt
+of `model.tool_format: bfcl` (`bfcl_prompt`, its _format_prompt):
   - `_parse_query_response_prompting` drops everything up to the last </think>;
   - `_extract_tool_calls` finds `<tool_call>\\n...\\n</tool_call>` (the tags on lines of their own)
     and keeps each body that is valid JSON, silently dropping the others (it is given the text up to
@@ -28,9 +29,15 @@ shapes whose effect eval would have too:
   - a call whose name is defined nowhere (a tool of another back end, an invented one): eval stops
     with a NameError before anything runs, and so does this (same message).
 Everything else (a Python builtin, a module's attribute, an expression in an argument, positional
-arguments) is refused: nothing runs, the output says so, and the checker is given `REFUSED_CALL`,
-which fails the same harmless way. Values that could hang the process are refused too (`GUARDS`).
-README lists what these refusals can change.
+arguments: code in a name or an argument key) is refused: nothing runs, the output says so, and the
+checker is given `REFUSED_CALL`, which fails the same harmless way. A number is a number, however large
+(JSON gives Python ints of up to 4,300 digits, and BFCL runs them); only calls that would keep the
+process busy for hours are refused (`GUARDS`). README lists what these refusals change.
+
+Instance names. BFCL writes an instance's global name, which holds the model's name, into any string
+argument that mentions a method followed by "(", and a back end may read that string (get_flight_cost
+prices by the digits of its date). So the kit runs every episode and every check under the names BFCL
+gives one model (`BFCL_MODEL`): a verdict is a function of the episode alone.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import inspect
 import json
 import math
 import re
+import types
 import warnings
 from dataclasses import dataclass, field
 from functools import cache
@@ -49,8 +57,13 @@ from types import SimpleNamespace
 from typing import Any
 
 from seal_mini.envs.bfcl import bfcl_root
-from seal_mini.envs.toolcalls import MAX_INT  # one bound on integers for both ways a call is read
 
+BFCL_MODEL = "Qwen/Qwen2.5-7B-Instruct"
+"""The model whose names BFCL's instances carry in the kit, as BFCL's Qwen FC handler runs it."""
+INSTANCE_PREFIX = BFCL_MODEL.replace("/", "_").replace("-", "_").replace(".", "_")
+"""The inference loop's model name (the handler's model_name_underline_replaced): the episode's instances."""
+CHECKER_MODEL = f"{BFCL_MODEL}-FC".replace("/", "_")
+"""The scorer's model name (eval_runner's: the registry name, "/" written "_"): the checker's instances."""
 QWEN_HANDLER = "model_handler/local_inference/qwen_fc.py"
 HANDLER_UTILS = "model_handler/utils.py"
 BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
@@ -86,12 +99,12 @@ def bfcl_function(path: str, name: str, owner: str, namespace: dict):
 
 @cache
 def _qwen():
-    """An object with the three QwenFCHandler methods decoding uses (they read nothing else of self)."""
+    """An object with the QwenFCHandler methods decoding and prompting use (they read nothing else of self)."""
     namespace = {"json": json, "re": re, "Any": Any}
     bfcl_function(HANDLER_UTILS, "convert_to_function_call", "", namespace)
     methods = {
         name: bfcl_function(QWEN_HANDLER, name, "QwenFCHandler", namespace)
-        for name in ("_parse_query_response_prompting", "decode_execute")
+        for name in ("_parse_query_response_prompting", "decode_execute", "_format_prompt")
     }
     extract = bfcl_function(QWEN_HANDLER, "_extract_tool_calls", "QwenFCHandler", namespace)
     methods["_extract_tool_calls"] = staticmethod(lambda text: extract(_through_last_close(text)))
@@ -131,15 +144,20 @@ class Decoded:
         return bool(self.error) or is_empty_execute_response(self.calls)
 
 
+def _parsed(text: str) -> dict:
+    """BFCL's Qwen handler's reading of a completion (_parse_query_response_prompting)."""
+    response = SimpleNamespace(
+        choices=[SimpleNamespace(text=text)], usage=SimpleNamespace(prompt_tokens=0, completion_tokens=0)
+    )
+    return _qwen()._parse_query_response_prompting(response)
+
+
 def decode(text: str | bytes) -> Decoded:
     """Decode a model message with BFCL's Qwen handler (see the module docstring)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
     qwen = _qwen()
-    response = SimpleNamespace(
-        choices=[SimpleNamespace(text=text)], usage=SimpleNamespace(prompt_tokens=0, completion_tokens=0)
-    )
-    cleaned = qwen._parse_query_response_prompting(response)["model_responses"]
+    cleaned = _parsed(text)["model_responses"]
     items = qwen._extract_tool_calls(cleaned)
     if any(type(item) is not dict for item in items):  # decode_execute raises here too, before its eval()
         return Decoded(cleaned, [], [], "a <tool_call> block holds JSON that is not an object")
@@ -148,6 +166,33 @@ def decode(text: str | bytes) -> Decoded:
     except Exception as e:  # BFCL ends the turn on any decoding error
         return Decoded(cleaned, [], [], f"the calls could not be decoded ({type(e).__name__}: {e})")
     return Decoded(cleaned, calls, items)
+
+
+def bfcl_prompt(messages: list[dict], tools: list[dict]) -> str:
+    """The prompt BFCL's Qwen FC handler writes for a conversation (QwenFCHandler._format_prompt, its own
+    code), ending with the start of the next assistant message. Each assistant message is given as BFCL's
+    chat history keeps it: the calls it extracted, or else the text after any </think> (its reasoning kept
+    aside); tools are listed as given (a BFCL task's docs, as its entry has them)."""
+    history = []
+    for m in messages:
+        if m["role"] == "assistant":
+            history.append(_parsed(m["content"])["model_responses_message_for_chat_history"])
+        else:
+            history.append({"role": m["role"], "content": m["content"]})
+    return _qwen()._format_prompt(history, tools)
+
+
+def unwritable(text: str | bytes) -> str:
+    """Why BFCL's Qwen handler cannot write this message back into a prompt ("" if it can): its chat history
+    keeps every <tool_call> block that is valid JSON, and _format_prompt fails on one that is not an object
+    with a string "name" and an "arguments" key. BFCL's inference of the entry then stops with that error."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    try:
+        _qwen()._format_prompt([_parsed(text)["model_responses_message_for_chat_history"]], [])
+    except Exception as e:  # noqa: BLE001 - whatever BFCL's own code raises there
+        return f"{type(e).__name__}: {e}"
+    return ""
 
 
 # --- why a <tool_call> block was not read (for the diagnoser and the training interface) ---------
@@ -200,16 +245,61 @@ def instance_name(prefix: str, task_id: str, class_name: str) -> str:
     return re.sub(r"[-./:]", "_", f"{prefix}_{task_id}_{class_name}_instance")
 
 
-_METHOD_NAMES: dict[type, tuple[str, ...]] = {}
+@cache
+def bfcl_class(class_name: str) -> type:
+    """BFCL's back-end class of that name (TwitterAPI, GorillaFileSystem, ...)."""
+    import importlib
+
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    return getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
+
+
+@cache
+def first_defaults(cls: type) -> dict[str, tuple]:
+    """Method name -> its default arguments, for each method of a back-end class with a mutable default
+    (TwitterAPI.post_tweet(tags=[], mentions=[])): copies taken the first time the kit looks, before
+    anything ran, so they are what a fresh process starts with."""
+    out = {}
+    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if any(isinstance(d, (list, dict, set)) for d in fn.__defaults__ or ()):
+            out[name] = copy.deepcopy(fn.__defaults__)
+    return out
+
+
+def fresh_class(class_name: str) -> type:
+    """BFCL's back-end class as a fresh process has it, for one episode or one check.
+
+    A default argument is one object for the whole process: post_tweet stores its `mentions` default in
+    the tweet, and mention() later extends it, so without this one episode's mentions would show up in
+    every later tweet posted without any. A class whose methods have mutable defaults gets a subclass of
+    its own whose methods start from fresh copies of them (shared by every call of the episode or check,
+    as in a fresh process); any other class is BFCL's own."""
+    cls = bfcl_class(class_name)
+    defaults = first_defaults(cls)
+    if not defaults:
+        return cls
+    methods = {}
+    for name, values in defaults.items():
+        fn = getattr(cls, name)
+        methods[name] = types.FunctionType(fn.__code__, fn.__globals__, name, copy.deepcopy(values), fn.__closure__)
+        methods[name].__qualname__, methods[name].__doc__ = fn.__qualname__, fn.__doc__
+    # the same module and name as BFCL's class: it reads as that class everywhere (and shares its method list)
+    return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__, **methods})
+
+
+_METHOD_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
 def public_method_names(instance: object) -> tuple[str, ...]:
-    """The public method names BFCL's executor maps for an instance (listed once per class)."""
+    """The public method names BFCL's executor maps for an instance (listed once per class: a fresh
+    class shares its BFCL class's entry)."""
     cls = type(instance)
-    if cls not in _METHOD_NAMES:
+    key = (cls.__module__, cls.__qualname__)
+    if key not in _METHOD_NAMES:
         members = inspect.getmembers(instance, predicate=inspect.ismethod)
-        _METHOD_NAMES[cls] = tuple(name for name, _ in members if not name.startswith("_"))
-    return _METHOD_NAMES[cls]
+        _METHOD_NAMES[key] = tuple(name for name, _ in members if not name.startswith("_"))
+    return _METHOD_NAMES[key]
 
 
 def method_owners(scope: dict[str, object]) -> dict[str, str]:
@@ -317,16 +407,6 @@ def _literal(node: ast.AST, owners: dict[str, str]):
     raise _Refuse("an argument is an expression, not a literal value")
 
 
-def _too_big(value) -> bool:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return abs(value) > MAX_INT
-    if isinstance(value, (list, tuple, set)):
-        return any(_too_big(v) for v in value)
-    if isinstance(value, dict):
-        return any(_too_big(v) for v in value.values())
-    return False
-
-
 def plan_call(processed: str, owners: dict[str, str]) -> Plan:
     """What eval() of a call string (already through BFCL's _process_method_calls) would do.
 
@@ -369,8 +449,6 @@ def plan_call(processed: str, owners: dict[str, str]) -> Plan:
         return Plan("refused", name, error=f"{name}: {e}, so the call was not run")
     except RecursionError:  # e.g. a thousand signs before a number, which compile() still accepts
         return Plan("refused", name, error=f"{name}: an argument nests too deep, so the call was not run")
-    if _too_big(list(arguments.values())):
-        return Plan("refused", name, error=f"{name}: an integer beyond +-2**53, so the call was not run")
     costly = GUARDS.get(name, lambda a: "")(arguments)
     if costly:
         return Plan("refused", name, error=f"{costly}, so the call was not run")
@@ -426,12 +504,7 @@ def run_call(call: str, scope: dict[str, object], owners: dict[str, str]) -> Out
 @cache
 def _class_methods(class_name: str) -> tuple[str, ...]:
     """Public method names of a back-end class, from a bare instance of it."""
-    import importlib
-
-    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
-
-    cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
-    return public_method_names(cls())
+    return public_method_names(bfcl_class(class_name)())
 
 
 def unsafe_calls(task, checker_input: list[list[list[str]]], model_name: str) -> list[str]:

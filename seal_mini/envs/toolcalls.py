@@ -25,7 +25,7 @@ MAX_DEPTH = 8
 MAX_STRING_CHARS = 10_000
 """Longest string argument accepted."""
 MAX_INT = 2**53
-"""Largest integer magnitude accepted: keeps e.g. a factorial of 10**12 from hanging the process."""
+"""Largest integer magnitude the kit's own protocol (tau2) accepts; BFCL episodes run any integer."""
 MAX_CALLS_PER_MESSAGE = 64
 """Calls one message may make (BFCL's longest reference turn has 34)."""
 
@@ -195,15 +195,16 @@ def _size_problem(value, depth: int = 0) -> str | None:
 
 
 def validate_call(
-    parsed: dict, tools: dict[str, dict], later_tools: dict[str, dict] | None = None
+    parsed: dict, tools: dict[str, dict], later_tools: dict[str, dict] | None = None, limits: bool = True
 ) -> ToolCall | CallError:
     """Check a parsed call against the offered tools ({name: chat-tool dict}, JSON-schema form).
 
     Hard errors: a name no tool has, missing required or unknown arguments (the call would only raise a
-    TypeError), values over the size limits. Soft problems: wrong JSON types, values outside an enum, a
-    tool of the task that is not offered yet. What happens to either is the caller's choice: the BFCL
-    environment runs every decoded call as BFCL does and uses this only to flag schema problems for the
-    diagnoser; tau2 refuses hard errors before they reach its tools."""
+    TypeError), values over the size limits (unless `limits` is off). Soft problems: wrong JSON types,
+    values outside an enum, a tool of the task that is not offered yet. What happens to either is the
+    caller's choice: the BFCL environment runs every decoded call as BFCL does (any value size included)
+    and uses this only to flag schema problems for the diagnoser; tau2 refuses hard errors before they
+    reach its tools."""
     name, arguments = parsed["name"], parsed["arguments"]
     later_tools = later_tools or {}
     if name not in tools and name not in later_tools:
@@ -220,7 +221,7 @@ def validate_call(
             "arguments", f"{name}: unknown argument(s) {unknown}; it takes {sorted(props)}", name, "unknown_argument"
         )
     for arg, value in arguments.items():
-        problem = _size_problem(value)
+        problem = _size_problem(value) if limits else None
         if problem:
             return CallError("arguments", f"{name}: argument {arg!r} holds {problem}", name, "too_large")
     if name not in tools:

@@ -10,15 +10,19 @@ that decoded input already (seal_mini.envs.episode), so the checker sees what BF
 The checker re-executes the model's calls and the ground truth turn by turn on fresh instances and
 compares state and outputs. It evaluates call strings with eval(): every string is checked first
 (seal_mini.envs.harness.unsafe_calls) to run only a public method of the task's back ends with literal
-values, or to stop with an error before anything runs; an input holding anything else is refused. The
-checker caches back-end instances in its module's globals and never frees them; every check here uses a
-unique, unguessable name and removes its instances afterwards, so memory stays flat.
+values, or to stop with an error before anything runs; an input holding anything else is refused.
+
+The checker runs under the model name BFCL's scorer uses for the kit's model (harness.CHECKER_MODEL), so
+its instance names, which it writes into string arguments that mention a method, are BFCL's: a verdict
+is a function of the episode alone. It keeps back-end instances in its module's globals, keyed by that
+name and the task id, and never frees them. So each check puts fresh instances there first, the model's
+and the ground truth's of one fresh class per back end (what a fresh process has: they share a default
+argument, as in BFCL), and removes them afterwards: no check sees another's state, and memory stays flat.
 """
 
 from __future__ import annotations
 
 import re
-import uuid
 from dataclasses import dataclass, field
 
 from seal_mini.envs.bfcl import Task
@@ -49,21 +53,27 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
-    from seal_mini.envs.harness import unsafe_calls
+    from seal_mini.envs.episode import new_instances
+    from seal_mini.envs.harness import CHECKER_MODEL, fresh_class, instance_name, unsafe_calls
 
     if forced_quit:  # eval_runner: fewer turns than the ground truth means the inference was force-quit
         return Verdict(0.0, "multi_turn:force_terminated", len(checker_input) - 1, {})
-    model_name = f"seal_mini_check_{uuid.uuid4().hex}"
-    unsafe = unsafe_calls(task, checker_input, model_name)
+    unsafe = unsafe_calls(task, checker_input, CHECKER_MODEL)
     if unsafe:
         raise ValueError(f"checker input for {task.id} holds calls the checker must not eval: {unsafe[:3]}")
     entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
+    cache = vars(multi_turn_utils)
+    classes = {c: fresh_class(c) for c in task.involved_classes}
+    placed = {}
+    for side in (CHECKER_MODEL, f"{CHECKER_MODEL}_ground_truth"):  # the checker's two sets of instances
+        for class_name, instance in new_instances(task, classes).items():
+            placed[instance_name(f"{side}_eval", task.id, class_name)] = instance
+    cache.update(placed)
     try:
-        result = multi_turn_checker(checker_input, task.ground_truth, entry, task.id.rsplit("_", 1)[0], model_name)
+        result = multi_turn_checker(checker_input, task.ground_truth, entry, task.id.rsplit("_", 1)[0], CHECKER_MODEL)
     finally:
-        cache = vars(multi_turn_utils)
-        for key in [k for k in cache if k.startswith(model_name + "_")]:
-            del cache[key]
+        for key in placed:
+            cache.pop(key, None)
     if result["valid"]:
         return Verdict(1.0)
     message = result.get("error_message", "")
@@ -79,8 +89,12 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
 def check_episode(episode) -> Verdict:
     """The verdict on a finished episode (or interface wrapper). BFCL fails an entry whose inference was
     force-quit (more than 20 tool-calling messages in a turn) before its last turn; one force-quit in its
-    last turn has every turn and is scored as usual."""
-    from seal_mini.envs.episode import NOT_REACHED, TURN_LIMIT
+    last turn has every turn and is scored as usual. It fails an entry whose inference stopped with an
+    error (a message its prompt cannot write back) as multi_turn:inference_error."""
+    from seal_mini.envs.episode import INFERENCE_ERROR, NOT_REACHED, TURN_LIMIT
 
+    if episode.ended_by == INFERENCE_ERROR:
+        last = max(r.index for r in episode.turn_records() if r.messages)
+        return Verdict(0.0, "multi_turn:inference_error", last, {})
     forced = episode.ended_by == TURN_LIMIT and episode.turn_records()[-1].ended_by == NOT_REACHED
     return check(episode.task, episode.checker_input(), forced_quit=forced)
