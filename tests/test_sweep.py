@@ -71,7 +71,10 @@ def test_spread_and_table_by_hand():
     assert d["seeds_for_5"] == 16  # ceil(((1.960 + 0.842) * 7.07 / 5) ** 2) = ceil(15.7)
     text = sweep.table(summary, 200, 3)
     assert "| seal | 45.0 ± 7.1 [40.0, 50.0] | 30.0 ± 0.0 [30.0, 30.0] | - | - | 60, 60 | 40.25 (SEAL) |" in text
-    assert "| vanilla_rl | 30.0 ± 0.0 [30.0, 30.0] | 15.0 ± 7.1 [10.0, 20.0] | +15.0 [t -48.5, +78.5] [boot +10.0, +20.0] | 16 |" in text
+    assert (
+        "| vanilla_rl | 30.0 ± 0.0 [30.0, 30.0] | 15.0 ± 7.1 [10.0, 20.0] | +15.0 [t -48.5, +78.5] [boot +10.0, +20.0] | 16 |"
+        in text
+    )
     assert "| warm start | 15.0 ± 7.1 [10.0, 20.0] | - | - | - | - | 14.00 |" in text
     assert "training success in rounds with cues on 50.0%, without 25.0%" in text
     assert "missing_tool_call 50.0 -> 10.0%" in text
@@ -90,7 +93,9 @@ def test_t_quantiles_and_paired_intervals_by_hand():
 def test_a_run_scores_the_mean_of_its_last_evaluations(tmp_path):
     for tag, mean in (("step_0005", 0.1), ("step_0010", 0.2), ("step_0015", 0.4), ("adapter", 0.6)):
         write_json(tmp_path / "eval" / f"{tag}.json", {"success": {"base": mean, "mean": mean}})
-    write_json(tmp_path / "eval" / "base.json", {"success": {"base": 0.0, "mean": 0.0}})  # the warm start: not the run's
+    write_json(
+        tmp_path / "eval" / "base.json", {"success": {"base": 0.0, "mean": 0.0}}
+    )  # the warm start: not the run's
     assert sweep.run_score(tmp_path, 3) == {"base": pytest.approx(0.4), "mean": pytest.approx(0.4), "evaluations": 3}
     assert sweep.run_score(tmp_path, 1)["mean"] == pytest.approx(0.6)
     assert sweep.run_score(tmp_path, 9)["evaluations"] == 4
