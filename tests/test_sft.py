@@ -200,6 +200,19 @@ def test_same_seed_same_warm_start(tmp_path):
     assert (b / "model.safetensors").read_bytes() == first
 
 
+def test_sft_seed_makes_runs_of_other_seeds_share_one_warm_start(tmp_path):
+    """sft.seed fixes the warm start whatever the run's seed (a sweep's seeds then differ in RL alone)."""
+    one = practice_cfg(tmp_path, "name=a", "seed=1", "sft.seed=7", "data.max_train_tasks=4")
+    two = practice_cfg(tmp_path, "name=b", "seed=2", "sft.seed=7", "data.max_train_tasks=4")
+    assert sft.identity(one) == sft.identity(two) != sft.identity(practice_cfg(tmp_path, "seed=1"))
+    assert sft.identity(one)["seed"] == 7
+    built = sft.run_sft(one)
+    own = sft.run_sft(practice_cfg(tmp_path, "name=c", "seed=7", "data.max_train_tasks=4"))
+    assert (built / "model.safetensors").read_bytes() == (own / "model.safetensors").read_bytes()
+    assert ensure_warm_start(two) == warm_start_dir(two)  # copied from a's: nothing built
+    assert (warm_start_dir(two) / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+
+
 def test_sft_is_a_general_stage_on_bfcl_with_any_model(tmp_path):
     """The BFCL training split, the tiny test model, a LoRA adapter merged into the saved weights."""
     cfg = load_config(
