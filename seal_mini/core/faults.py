@@ -338,10 +338,14 @@ def _guessed(task, p, turn, rng):
     calls, guessed = as_pairs(p[turn + 1]), []
     for k, (name, arguments) in enumerate(calls):
         given = [a for a, v in arguments.items() if str(v) in later and str(v) not in earlier and _guess(v) is not None]
-        if given and name in offered:
-            arg = rng.choice(given)
+        arg = rng.choice(given) if given and name in offered else None
+        if arg is not None:
             calls[k] = (name, {**arguments, arg: _guess(arguments[arg])})
             guessed.append(f"{name}({arg}={calls[k][1][arg]!r})")
+        # every other text value must be one the user has said: a value only a lookup's output gives (a user
+        # id, a stock symbol) would be copied from nowhere, and the guess spreads to it
+        if any(isinstance(v, str) and v not in earlier for a, v in arguments.items() if a != arg):
+            return None
     if not guessed or any(name not in offered for name, _ in calls):
         return None
     return call_blocks(calls), "guessed " + ", ".join(guessed)
@@ -411,18 +415,22 @@ def _failing_read(task, p, turn, rng):
         i, j = rng.choice(skipped)
         return _without(calls, i), j - 1, [calls[i], calls[j]], f"{calls[i][0]} skipped, so {calls[j][0]} fails"
     schemas = offered_schemas(task, turn)
-    options = []  # (call, argument): a free-text argument that, pointing at nothing, makes the read fail
+    # other names the task uses (a file of another folder, another ticket's title): a wrong one a model picks
+    names = sorted({v for c in (c for t in p for c in t) for v in c.arguments.values() if isinstance(v, str)})
+    options = []  # (call, argument, the turn's calls with it): a free-text argument that makes the read fail
     for i in (i for i in _final_reads(p[turn]) if i in clean):
         props = schemas[calls[i][0]].get("properties", {})
         for arg, value in calls[i][1].items():
             if isinstance(value, str) and "enum" not in props.get(arg, {}):  # else it is an argument_mismatch
-                broken = calls[:i] + [(calls[i][0], {**calls[i][1], arg: "no_such_" + value})] + calls[i + 1 :]
-                if _run_turn(task, p, turn, broken)[0][i][1]:
-                    options.append((i, arg, broken))
+                for wrong in rng.sample(names, len(names)) + ["no_such_" + value]:  # a wrong name, at random
+                    broken = calls[:i] + [(calls[i][0], {**calls[i][1], arg: wrong})] + calls[i + 1 :]
+                    if wrong != value and _run_turn(task, p, turn, broken)[0][i][1]:
+                        options.append((i, arg, broken))
+                        break
     if not options:
         return None
     i, arg, broken = rng.choice(options)
-    return broken, i, [calls[i]], f"{calls[i][0]}({arg}=no_such_...) fails"
+    return broken, i, [calls[i]], f"{calls[i][0]}({arg}={broken[i][1][arg]!r}) fails"
 
 
 def _failing(task, p, turn, rng):

@@ -199,7 +199,7 @@ class Files(Domain):
         taken = {n for files in self.tree.values() for n in files} | set(self.tree)
         while True:  # the pools are large: a free name comes at once
             name = self.rng.choice(pool)
-            if name.split(".")[0] not in taken:
+            if name not in taken:
                 return name
 
     def _folders(self, need_file: bool) -> list[str]:
