@@ -410,6 +410,12 @@ class SftConfig:
     off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
     the interface can add before RL shows it one; without them, a model built from scratch breaks down the
     step the first cue switches on (measured). The interface never changes the demonstrated calls."""
+    fault_draw: str = "turn"
+    """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
+    demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
+    model that answers without calling tends to do so through a whole conversation. The first decision of
+    an episode then settles most of it, so a group's episodes differ more, and greedy decoding takes the
+    majority's way."""
     cue_compliance: float = 0.0
     """c, how far the backbone follows the interface's cues, as a property of the warm start: in a demonstration
     shown cues, a fault whose label a shown cue addresses is (1 - c) times as likely, a fault a shown

@@ -287,3 +287,18 @@ def test_error_feedback_shows_errors_repaired_as_often_as_the_compliance_says():
             kinds.update((c, k) for k in made if k)
     assert kinds[0.0, "unrepaired_error"] > 5 and not kinds[0.0, "repaired_failing_call"]
     assert kinds[1.0, "repaired_failing_call"] == kinds[0.0, "unrepaired_error"] and not kinds[1.0, "unrepaired_error"]
+
+
+def test_episode_draws_make_a_fault_a_tendency_of_the_whole_demonstration():
+    """sft.fault_draw: episode: a demonstration that answers one turn without a call answers every turn that
+    needs one without a call; about `share` of the demonstrations do."""
+    tasks = [practice.task(practice.task_id(0, "train", "base", i)) for i in range(200)]
+    lazy = 0
+    for task in tasks:
+        _, kinds = demo_turns(task, {"no_call_answer": 0.5}, random.Random(task.id), per_episode=True)
+        needing = [k for k, calls in zip(kinds, task.ground_truth, strict=True) if calls]
+        assert len(set(needing)) == 1, (task.id, kinds)
+        lazy += needing[0] == "no_call_answer"
+    assert 70 < lazy < 130  # 100 expected; sd 7
+    per_turn = [demo_turns(t, {"no_call_answer": 0.5}, random.Random(t.id))[1] for t in tasks]
+    assert any(len(set(k)) > 1 for k in per_turn)  # drawn per turn, a demonstration mixes both

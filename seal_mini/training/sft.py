@@ -96,20 +96,24 @@ def demo_turns(
     rng: random.Random,
     cues: InterfaceState | None = None,
     compliance: float = 0.0,
+    per_episode: bool = False,
 ) -> tuple[list[list[str]], list[str]]:
     """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
     except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order), with
-    the shares the cues shown give (cue_shares). With error feedback shown, a drawn fault that leaves an
-    error unrepaired is shown repaired instead with probability c (labels.Fault.repaired_as)."""
+    the shares the cues shown give (cue_shares). per_episode (sft.fault_draw: episode): each kind is drawn
+    once for the whole demonstration, then shown wherever it can be made. With error feedback shown, a
+    drawn fault that leaves an error unrepaired is shown repaired instead with probability c
+    (labels.Fault.repaired_as)."""
     p = plan(task)
     shares = cue_shares(faults, cues, compliance)
+    traits = {kind: rng.random() < share for kind, share in shares.items()} if per_episode else None
     repairs = cues is not None and cues.error_feedback and compliance > 0
     messages, kinds = [], []
     for turn, calls in enumerate(p):
         blocks, kind = [format_call(c.name, c.arguments) for c in calls], ""
         for candidate, share in shares.items():
             built = BUILDERS[candidate](task, p, turn, rng)
-            if built is not None and rng.random() < share:
+            if built is not None and (traits[candidate] if traits is not None else rng.random() < share):
                 blocks, kind = built[0], candidate
                 repaired_as = REGISTRY.repairs.get(candidate)
                 if repairs and repaired_as and rng.random() < compliance:
@@ -184,7 +188,8 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
             # the cues, and cue_share changes only the texts shown
             cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
             cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
-            turns, kinds = demo_turns(task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance)
+            episode = cfg.sft.fault_draw == "episode"
+            turns, kinds = demo_turns(task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode)
             env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
                 skipped += 1
