@@ -320,7 +320,8 @@ def identity(cfg: Config) -> dict:
         # on a CPU the thread setting changes the rounding of the backward pass, and 1200 steps grow it into
         # another model (measured: cpu_threads 0, 1, 2, 3, 4 gave five different losses by the second step)
         "cpu_threads": cfg.cpu_threads if device == "cpu" else None,
-        **{k: d[k] for k in ("model", "data", "env", "sft")},
+        **{k: d[k] for k in ("model", "data", "env")},
+        "sft": {k: v for k, v in d["sft"].items() if k != "seed"},  # the seed it gives is "seed" above
         "lora": d["lora"] if not cfg.sft.full else None,
         "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
         "logprob_chunk": cfg.train.logprob_chunk,
