@@ -15,6 +15,10 @@ COMMANDS = {
     "sft": ("seal_mini.training.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
     "train": ("seal_mini.training.train", "SEAL training for a recipe, or --resume RUN_DIR"),
     "sweep": ("seal_mini.programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
+    "probe": (
+        "seal_mini.programs.probe",
+        "what RL starts from on a recipe's warm start: success, mixed groups, labels, weights, each cue's effect",
+    ),
     "eval": ("seal_mini.evaluation.heldin", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
     "report": ("seal_mini.evaluation.report", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.programs.oracle", "replay ground truth / empty / drop-last-call policies through the env"),

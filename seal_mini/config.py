@@ -420,6 +420,22 @@ class SftConfig:
     off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
     the interface can add before RL shows it one; without them, a model built from scratch breaks down the
     step the first cue switches on (measured). The interface never changes the demonstrated calls."""
+    fault_draw: str = "turn"
+    """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
+    demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
+    model that answers without calling tends to do so through a whole conversation. The first decision of
+    an episode then settles most of it, so a group's episodes differ more, and greedy decoding takes the
+    majority's way."""
+    cue_compliance: float = 0.0
+    """c, how far the backbone follows the interface's cues, as a property of the warm start: in a demonstration
+    shown cues, a fault whose label a shown cue addresses is (1 - c) times as likely, a fault a shown
+    guideline raises (its side effect: told to be cautious, a model answers without a call more often; told
+    to act, it guesses values it should ask for) 1 + c/2 times, and with error feedback shown an error is
+    repaired with probability c. 0: cues predict nothing (the negative control). An instruction-tuned model
+    follows instructions partly; a model built from scratch only as far as its demonstrations show it."""
+    seed: int = -1
+    """Seed of the warm start (its weights, demonstrations and their order); -1: the run's seed. A sweep sets
+    it so that every seed's runs start from one warm start and differ only in what RL does."""
     epochs: float = 3.0
     """Passes over the demonstrations."""
     batch: int = 16
@@ -443,6 +459,10 @@ class SftConfig:
         _check(self.tasks_per_category >= 0, f"{key}.tasks_per_category", "must be >= 0 (0 = the training split)")
         _check(self.demos_per_task > 0, f"{key}.demos_per_task", "must be > 0")
         _check(0.0 <= self.cue_share <= 1.0, f"{key}.cue_share", "must be a share in [0, 1]")
+        _check(
+            0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
+        )
+        _check(self.seed >= -1, f"{key}.seed", "must be >= 0, or -1 for the run's seed")
         _check(self.epochs > 0, f"{key}.epochs", "must be > 0")
         _check(self.batch > 0, f"{key}.batch", "must be > 0")
         _check(self.lr > 0, f"{key}.lr", "must be > 0")

@@ -32,6 +32,10 @@ class Guideline:
     order: int
     """Place among all guidelines: with the loop open the first top_k are shown, and in a closed loop
     guidelines that score the same keep this order."""
+    raises: tuple[str, ...] = ()
+    """Fault kinds this guideline makes more likely in a backbone that follows cues (sft.cue_compliance): the
+    side effects real models show (told to be cautious, they answer without a call more often; told to act,
+    they guess values they should ask for)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class Fault:
     """What is injected, in a few words."""
     demonstrable: bool = False
     """The warm start may show it (sft.faults accepts the kind); else diagnose-check only."""
+    repaired_as: str = ""
+    """The fault kind (a label-pass one) that shows the same error repaired: a demonstration with error
+    feedback shown repairs the error this way with probability sft.cue_compliance."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,10 @@ ENTRIES: tuple[Label, ...] = (
                 "repaired_malformed_call",
                 "one call of a turn broken next to the others, then sent again correctly",
             ),
-            Fault("repaired_failing_call", "a read-only call fails, then is sent again correctly"),
+            Fault(
+                "repaired_failing_call",
+                "a read-only call fails, then is sent again correctly (after the call it needs first)",
+            ),
         ),
     ),
     Label("correct_abstention", rho=1.8, rho_reason="paper", priority=60, failure=False),
@@ -108,7 +118,12 @@ ENTRIES: tuple[Label, ...] = (
             order=6,
         ),
         faults=(
-            Fault("malformed_call", "one call of the turn is written as broken JSON", demonstrable=True),
+            Fault(
+                "malformed_call",
+                "one call of the turn is written as broken JSON",
+                demonstrable=True,
+                repaired_as="repaired_malformed_call",
+            ),
             Fault("tool_not_offered", "one call names a tool the task does not offer (yet)", demonstrable=True),
             Fault("one_line_call", "one call written <tool_call>{...}</tool_call> on one line (BFCL reads none)"),
             Fault("fenced_call", "one call's JSON inside a ```json fence between the tags"),
@@ -131,6 +146,11 @@ ENTRIES: tuple[Label, ...] = (
         faults=(
             Fault("missing_required_argument", "one call leaves out a required argument", demonstrable=True),
             Fault("wrong_argument_type", "one argument gets a value of another JSON type", demonstrable=True),
+            Fault(
+                "out_of_enum_value",
+                "an argument with allowed values gets a near miss outside them (another case, a plural)",
+                demonstrable=True,
+            ),
         ),
     ),
     Label(
@@ -144,8 +164,20 @@ ENTRIES: tuple[Label, ...] = (
             "Call a tool only when the request needs one. If nothing asked can be done with a tool, or a "
             "needed detail is missing, answer in text instead of calling.",
             order=1,
+            raises=("no_call_answer",),
         ),
-        faults=(Fault("spurious_call", "a call on a turn whose ground truth makes none", demonstrable=True),),
+        faults=(
+            Fault(
+                "spurious_call",
+                "a state-changing call on a turn whose ground truth makes none (the checker fails it)",
+                demonstrable=True,
+            ),
+            Fault(
+                "guessed_value_call",
+                "where the user left a value out, the next turn's call made now with a guessed value",
+                demonstrable=True,
+            ),
+        ),
     ),
     Label(
         "instance_mismatch",
@@ -196,6 +228,11 @@ ENTRIES: tuple[Label, ...] = (
                 "a state-changing call of a multi-call turn is left out",
                 demonstrable=True,
             ),
+            Fault(
+                "skipped_precondition",
+                "a call a later state-changing call of the turn needs (a cd, a brake) is left out",
+                demonstrable=True,
+            ),
         ),
     ),
     Label(
@@ -210,7 +247,14 @@ ENTRIES: tuple[Label, ...] = (
             "fails, find out why and retry with a corrected call before you answer.",
             order=4,
         ),
-        faults=(Fault("unrepaired_error", "a read-only call fails and is never retried", demonstrable=True),),
+        faults=(
+            Fault(
+                "unrepaired_error",
+                "a read-only call fails (its precondition skipped, or a wrong name) and is never retried",
+                demonstrable=True,
+                repaired_as="repaired_failing_call",
+            ),
+        ),
     ),
     Label(
         "missing_tool_call",
@@ -223,6 +267,7 @@ ENTRIES: tuple[Label, ...] = (
             "When a listed tool can do what the user asks, call it in this turn rather than describing what "
             "you would do.",
             order=2,
+            raises=("guessed_value_call",),
         ),
         faults=(Fault("no_call_answer", "a final answer without a call where one is needed", demonstrable=True),),
     ),
@@ -282,6 +327,10 @@ class Registry:
     faults: dict[str, tuple[str, str]]
     """Fault kind -> (expected label at the faulted turn, what is injected)."""
     demonstrable_faults: tuple[str, ...]
+    raises: dict[str, tuple[str, ...]]
+    """Guideline id -> the fault kinds it makes more likely in a cue-following backbone (its side effects)."""
+    repairs: dict[str, str]
+    """Fault kind -> the kind that shows its error repaired (with error feedback shown)."""
 
 
 def _duplicates(values) -> list:
@@ -340,6 +389,15 @@ def build(entries: tuple[Label, ...] | list[Label]) -> Registry:
     faults = [(f, e.name) for e in entries for f in e.faults]
     for kind in _duplicates(f.kind for f, _ in faults):
         problems.append(f"fault kind {kind!r} is declared under labels {[n for f, n in faults if f.kind == kind]}")
+    kinds = {f.kind: name for f, name in faults}
+    passing = {e.name for e in entries if not e.failure}
+    for g, _ in guidelines:
+        for kind in g.raises:
+            if kind not in kinds:
+                problems.append(f"guideline {g.id!r} raises {kind!r}, which is no declared fault kind")
+    for f, _ in faults:
+        if f.repaired_as and kinds.get(f.repaired_as) not in passing:
+            problems.append(f"fault {f.kind!r} is repaired as {f.repaired_as!r}, which is no fault of a passing label")
     if problems:
         raise RegistryError("incomplete label registry:\n  " + "\n  ".join(problems))
     return Registry(
@@ -354,6 +412,8 @@ def build(entries: tuple[Label, ...] | list[Label]) -> Registry:
         guidelines={g.id: (name, g.text) for g, name in sorted(guidelines, key=lambda gn: gn[0].order)},
         faults={f.kind: (name, f.what) for f, name in faults},
         demonstrable_faults=tuple(f.kind for f, _ in faults if f.demonstrable),
+        raises={g.id: g.raises for g, _ in guidelines if g.raises},
+        repairs={f.kind: f.repaired_as for f, _ in faults if f.repaired_as},
     )
 
 

@@ -114,9 +114,14 @@ def test_turns_without_a_reference_call():
     spurious = run("multi_turn_miss_param_0", {3: [call("ls"), DONE_TEXT]})
     assert diagnose(ok)[3] == "correct_abstention"
     assert diagnose(spurious)[3] == "spurious_tool_call"
-    # miss_func_0 reveals `sort` at turn 3: calling it at turn 2 uses a tool not offered yet.
+    # miss_func_0 reveals `sort` at turn 3: calling it at turn 2, a turn that needs no call, is spurious (SEAL's
+    # label for any call on such a turn), although the tool is not offered yet; so is an unreadable call there.
     early = run("multi_turn_miss_func_0", {2: [call("sort", file_name="final_report.pdf"), DONE_TEXT]})
-    assert diagnose(early)[2] == "invalid_tool_call"
+    assert diagnose(early)[2] == "spurious_tool_call"
+    broken = run(
+        "multi_turn_miss_param_0", {3: ['<tool_call>\n{"name": "ls", "arguments": {}\n</tool_call>', DONE_TEXT]}
+    )
+    assert diagnose(broken)[3] == "spurious_tool_call", diagnose_turns(broken)[3]
 
 
 # base_5, ground truth per turn (back ends: GorillaFileSystem, TwitterAPI):

@@ -57,6 +57,16 @@ def test_log_probs_and_entropy_by_hand():
     assert torch.allclose(entropy, expected_entropy, atol=1e-6)
 
 
+def test_log_probs_of_a_tempered_distribution_by_hand():
+    # after token 0 the logits are [0, ln 9, 0]; at temperature 2 they are [0, ln 3, 0]: [1/5, 3/5, 1/5]
+    model = _HandLM(torch.tensor([[0.0, math.log(9.0), 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    ids, loss_mask = torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 1]])
+    logp = token_logprobs(model, ids, torch.ones_like(ids), loss_mask, chunk=2, temperature=2.0)
+    assert torch.allclose(logp, torch.tensor([[0.0, math.log(3 / 5), math.log(1 / 3)]]), atol=1e-6)
+    plain = token_logprobs(model, ids, torch.ones_like(ids), loss_mask)
+    assert plain[0, 1].item() == pytest.approx(math.log(9 / 11), abs=1e-6)
+
+
 def test_first_position_cannot_be_scored():
     model = _HandLM(torch.zeros(3, 3))
     ids = torch.tensor([[0, 1]])

@@ -210,6 +210,50 @@ def test_training_forward_reproduces_sampling_time_log_probs(policy, sampled):
     assert loss_mask.sum() > 100 and diff < 1e-4
 
 
+def test_old_log_probs_score_the_tempered_distribution_the_sampler_drew_from(policy):
+    """At temperature 0.7 the sampling-time log-probs are those of softmax(logits / 0.7), and the training
+    forward at that temperature reproduces them; at temperature 1 it does not."""
+    envs = [Episode(TASKS[i]) for i in ("multi_turn_base_50", "multi_turn_miss_func_50")]
+    trajs = run_rollouts(policy, envs, rollout_cfg(max_new_tokens=24), 0.7, 7)
+    width = max(len(t.input_ids) for t in trajs)
+    pad = lambda xs, v: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
+    ids = torch.tensor(pad([t.input_ids for t in trajs], 0))
+    attention = torch.tensor(pad([[1] * len(t.input_ids) for t in trajs], 0))
+    loss_mask = torch.tensor(pad([t.loss_mask for t in trajs], 0))
+    old = torch.tensor(pad([t.old_logprobs for t in trajs], 0.0))
+    with torch.no_grad():
+        tempered = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64, temperature=0.7)
+        plain = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64)
+    assert loss_mask.sum() > 20
+    assert (tempered - old).abs().max().item() < 1e-4
+    assert (plain - old).abs().max().item() > 1e-2
+
+
+def test_an_unreadable_message_the_interface_lets_the_model_retry_is_out_of_the_loss(policy):
+    """parse_retry: the unreadable message stays in the sequence (the model saw it, and the error after it)
+    with loss_mask 0; the corrected call and the answer that follow carry the loss, in the engine and in the
+    plain reference rollout alike."""
+    from seal_mini.core.interface import Interface, InterfaceState
+    from seal_mini.engine.reference import reference_rollout
+
+    task = TASKS["multi_turn_base_50"]
+    good = oracle_script(policy, task)
+    broken = message(policy, '<tool_call>\n{"name": "ls", "arguments": {}\n</tool_call>')
+    messages = [broken] + good
+    state = InterfaceState(error_feedback=True, parse_retry=True)
+    cfg = rollout_cfg()
+    (traj,) = run_rollouts(policy, [Interface(Episode(task), state)], cfg, 1.0, 0, logits_hook=Script({0: messages}))
+    ref = reference_rollout(policy, Interface(Episode(task), state), cfg, 1.0, 0, logits_hook=Script({0: messages}))
+    assert traj.env.turns[0].retried == 1
+    spans = sampled_spans(traj)
+    assert [traj.input_ids[s:e] for s, e in spans] == good  # every forced message but the forgiven one
+    start = next(i for i in range(len(traj.input_ids)) if traj.input_ids[i : i + len(broken)] == broken)
+    assert traj.loss_mask[start : start + len(broken)] == [0] * len(broken)
+    assert traj.n_sampled == sum(len(m) for m in messages)
+    assert ref.loss_mask == traj.loss_mask and ref.input_ids == traj.input_ids
+    assert check(task, traj.env.checker_input()).reward == 1.0
+
+
 def test_sampling_is_reproducible_and_sequences_are_exact(policy, sampled):
     first, again, other, stats = sampled
     assert [t.input_ids for t in first] == [t.input_ids for t in again]

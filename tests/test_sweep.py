@@ -45,8 +45,17 @@ def test_spread_and_table_by_hand():
     s = sweep.spread([0.10, 0.20, 0.30])
     assert s["mean"] == pytest.approx(20.0) and s["sd"] == pytest.approx(10.0)
     assert (s["min"], s["max"], s["n"]) == (pytest.approx(10.0), pytest.approx(30.0), 3)
+    labels = {"base": {"missing_tool_call": 0.5, "pass": 0.5}, "trained": {"missing_tool_call": 0.1, "pass": 0.9}}
     rows = [
-        {"variant": v, "seed": k, "base": {"base": b, "mean": b}, "adapter": {"base": a, "mean": a}, "seconds": 60.0}
+        {
+            "variant": v,
+            "seed": k,
+            "base": {"base": b, "mean": b},
+            "score": {"base": a, "mean": a, "evaluations": 3},
+            "cue_rounds": {"rounds_on": 2, "success_on": 0.5, "rounds_off": 2, "success_off": 0.25},
+            "labels": labels,
+            "seconds": 60.0,
+        }
         for v, pairs in {"seal": [(0.2, 0.5), (0.1, 0.4)], "vanilla_rl": [(0.2, 0.3), (0.1, 0.3)]}.items()
         for k, (b, a) in enumerate(pairs)
     ]
@@ -54,10 +63,42 @@ def test_spread_and_table_by_hand():
     assert summary["seal"]["trained"]["mean"] == pytest.approx(45.0)
     assert summary["seal"]["delta"]["mean"] == pytest.approx(30.0)
     assert summary["vanilla_rl"]["delta"]["sd"] == pytest.approx(7.0710678)
-    text = sweep.table(summary, 200)
-    assert "| seal | 45.0 ± 7.1 [40.0, 50.0] | 30.0 ± 0.0 [30.0, 30.0] | 60, 60 | 40.25 (SEAL) |" in text
-    assert "| warm start | 15.0 ± 7.1 [10.0, 20.0] | - | - | 14.00 |" in text
-    assert "30.75 (vanilla RL)" in text
+    # SEAL - vanilla per seed: 20 and 10 points; mean 15, sd 7.07, t(0.975, 1) = 12.706: 15 +- 63.5
+    d = summary["vanilla_rl"]["seal_minus"]["mean"]
+    assert d["mean"] == pytest.approx(15.0) and d["sd"] == pytest.approx(7.0710678)
+    assert d["t95"] == pytest.approx([15 - 63.53, 15 + 63.53], abs=0.02)
+    assert d["boot95"] == pytest.approx([10.0, 20.0])  # the mean of a resample of two differences lies in [10, 20]
+    assert d["seeds_for_5"] == 16  # ceil(((1.960 + 0.842) * 7.07 / 5) ** 2) = ceil(15.7)
+    text = sweep.table(summary, 200, 3)
+    assert "| seal | 45.0 ± 7.1 [40.0, 50.0] | 30.0 ± 0.0 [30.0, 30.0] | - | - | 60, 60 | 40.25 (SEAL) |" in text
+    assert (
+        "| vanilla_rl | 30.0 ± 0.0 [30.0, 30.0] | 15.0 ± 7.1 [10.0, 20.0] | +15.0 [t -48.5, +78.5] [boot +10.0, +20.0] | 16 |"
+        in text
+    )
+    assert "| warm start | 15.0 ± 7.1 [10.0, 20.0] | - | - | - | - | 14.00 |" in text
+    assert "training success in rounds with cues on 50.0%, without 25.0%" in text
+    assert "missing_tool_call 50.0 -> 10.0%" in text
+    assert "mean of its last 3 evaluations" in text
+
+
+def test_t_quantiles_and_paired_intervals_by_hand():
+    for df, want in ((1, 12.7062), (4, 2.7764), (10, 2.2281), (30, 2.0423)):  # printed t tables
+        assert sweep.t_quantile(0.975, df) == pytest.approx(want, abs=2e-4)
+    d = sweep.paired([1.0, 2.0, 3.0, 4.0])  # mean 2.5, sd 1.291, t(0.975, 3) = 3.182: half-width 2.054
+    assert d["t95"] == pytest.approx([0.446, 4.554], abs=1e-3)
+    assert 1.0 <= d["boot95"][0] < 2.5 < d["boot95"][1] <= 4.0
+    assert sweep.paired([3.0])["t95"] is None
+
+
+def test_a_run_scores_the_mean_of_its_last_evaluations(tmp_path):
+    for tag, mean in (("step_0005", 0.1), ("step_0010", 0.2), ("step_0015", 0.4), ("adapter", 0.6)):
+        write_json(tmp_path / "eval" / f"{tag}.json", {"success": {"base": mean, "mean": mean}})
+    write_json(
+        tmp_path / "eval" / "base.json", {"success": {"base": 0.0, "mean": 0.0}}
+    )  # the warm start: not the run's
+    assert sweep.run_score(tmp_path, 3) == {"base": pytest.approx(0.4), "mean": pytest.approx(0.4), "evaluations": 3}
+    assert sweep.run_score(tmp_path, 1)["mean"] == pytest.approx(0.6)
+    assert sweep.run_score(tmp_path, 9)["evaluations"] == 4
 
 
 class Stopped(Exception):

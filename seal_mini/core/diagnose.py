@@ -272,8 +272,9 @@ def _path_text(path: tuple) -> str:
 # --- LEARNER EDIT POINT: the rules ---------------------------------------------------------------------
 # Each rule reads a turn's evidence and returns a short reason when it fires ("" when it does not), and is
 # bound to its label with @rule. The rules are tried in the labels' priority (seal_mini/labels.py); the
-# first that fires labels the turn. A malformed or invented call outranks everything, also on a turn that
-# needs no call.
+# first that fires labels the turn. A malformed or invented call outranks everything on a turn that needs a
+# call; on a turn that needs none, any call at all (readable or not, offered or not) is a spurious_tool_call,
+# as SEAL defines the two labels of such turns (spurious_tool_call, correct_abstention).
 # Repaired errors, one treatment: a failed call (error_kind set) counts for invalid_tool_call,
 # argument_mismatch or recovery_failure only on a turn that does not end where the reference does
 # (TurnEvidence.ends_right); a turn that ends there repaired it. A schema violation that ran anyway
@@ -306,6 +307,8 @@ def _never_begun(ev: TurnEvidence) -> str:
 
 @rule("invalid_tool_call")
 def _invalid_call(ev: TurnEvidence) -> str:
+    if not ev.needs_call:  # a turn that needs no call: spurious_tool_call
+        return ""
     for e in ev.record.events:
         if e.error_kind in ("parse", "unknown_tool") and not ev.ends_right():
             return f"{e.error_kind}: {_short(e.error)}"
@@ -316,6 +319,8 @@ def _invalid_call(ev: TurnEvidence) -> str:
 
 @rule("argument_mismatch")
 def _bad_arguments(ev: TurnEvidence) -> str:
+    if not ev.needs_call:
+        return ""
     for e in ev.record.events:
         if e.error_kind == "arguments" and not ev.ends_right():
             return f"{e.name}: {e.violation or 'arguments'}"
@@ -328,7 +333,9 @@ def _bad_arguments(ev: TurnEvidence) -> str:
 def _spurious(ev: TurnEvidence) -> str:
     if ev.needs_call or not ev.record.events:
         return ""
-    return f"called {ev.record.events[0].name} on a turn that needs no call"
+    e = ev.record.events[0]
+    what = "wrote an unreadable call" if e.error_kind == "parse" else f"called {e.name}"
+    return f"{what} on a turn that needs no call"
 
 
 @rule("correct_abstention")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from seal_mini.config import EnvConfig
 from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
-from seal_mini.envs.episode import new_instances, public_methods
+from seal_mini.envs.episode import format_output, new_instances, public_methods
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
 from seal_mini.labels import REGISTRY, RegistryError
@@ -209,6 +209,22 @@ def _revalue(call, schema, rng):
     return {**call.arguments, arg: _other_value(call.arguments[arg], props.get(arg, {}))}, f"{arg} changed"
 
 
+def _near_miss(call, schema, rng):
+    """An argument with allowed values (an enum) gets a near miss outside them: another case, a plural; what a
+    model writes that copied the word from the request ("start" for START)."""
+    props = schema.get("properties", {})
+    options = {}
+    for arg, value in call.arguments.items():
+        allowed = props.get(arg, {}).get("enum")
+        if isinstance(value, str) and allowed:
+            misses = [m for m in (value.lower(), value.upper(), value.capitalize(), value + "s") if m not in allowed]
+            options[arg] = misses[0]
+    if not options:
+        return None
+    arg = _choose(sorted(options), rng)
+    return {**call.arguments, arg: options[arg]}, f"{arg}={options[arg]!r} (allowed: {props[arg]['enum']})"
+
+
 def _final_reads(calls: list[PlannedCall]) -> list[int]:
     """Read-only calls after which the turn calls nothing else of the same back end: leaving one out or
     making it fail touches the turn's outputs only, not a later call through hidden state (a `cd`
@@ -283,35 +299,146 @@ def _other_instance(task, p, turn, rng):
 
 
 def _spurious(task, p, turn, rng):
+    """A call on a turn that needs none, picked among the task's state-changing calls that change the state
+    at this point, so the checker fails it (it passes a call that changes nothing)."""
     if p[turn]:
         return None
     offered = offered_schemas(task, turn)
-    pool = [c for calls in p for c in calls if c.name in offered]
+    pool = _changing_here(task, p, turn, 0, [c for calls in p for c in calls if c.name in offered and c.changes_state])
     if not pool:
         return None
-    c = rng.choice([c for c in pool if not c.changes_state] or pool)  # a read, where the task has one
+    c = rng.choice(pool)
     return call_blocks([(c.name, dict(c.arguments))]), f"{c.name} called"
+
+
+def _guess(value):
+    """What a model that does not ask writes for a value the user has not given yet ("untitled", 1)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        stem, dot, ext = value.rpartition(".")
+        guess = f"untitled.{ext}" if dot and stem and ext.isalnum() else "untitled"
+        return guess if guess != value else "new"
+    if isinstance(value, (int, float)):
+        return type(value)(2 if value == 1 else 1)
+    return None
+
+
+def _user_text(task: Task, turn: int) -> str:
+    return " ".join(str(m.get("content", "")) for m in task.turns[turn] if m.get("role") == "user")
+
+
+def _guessed(task, p, turn, rng):
+    """Where the user left a value out (a turn that needs no call, whose next turn gives the value), the next
+    turn's calls made now, with a guess for the value the next turn gives: the checker fails the changed state."""
+    if p[turn] or turn + 1 >= len(p) or not any(c.changes_state for c in p[turn + 1]):
+        return None
+    offered = offered_schemas(task, turn)
+    later, earlier = _user_text(task, turn + 1), " ".join(_user_text(task, t) for t in range(turn + 1))
+    calls, guessed = as_pairs(p[turn + 1]), []
+    for k, (name, arguments) in enumerate(calls):
+        given = [a for a, v in arguments.items() if str(v) in later and str(v) not in earlier and _guess(v) is not None]
+        arg = rng.choice(given) if given and name in offered else None
+        if arg is not None:
+            calls[k] = (name, {**arguments, arg: _guess(arguments[arg])})
+            guessed.append(f"{name}({arg}={calls[k][1][arg]!r})")
+        # every other text value must be one the user has said: a value only a lookup's output gives (a user
+        # id, a stock symbol) would be copied from nowhere, and the guess spreads to it
+        if any(isinstance(v, str) and v not in earlier for a, v in arguments.items() if a != arg):
+            return None
+    if not guessed or any(name not in offered for name, _ in calls):
+        return None
+    return call_blocks(calls), "guessed " + ", ".join(guessed)
 
 
 def _no_call(task, p, turn, rng):
     return ([], "answered without a call") if p[turn] else None
 
 
-def _failing(task, p, turn, rng):
-    clean = _clean(task, p, turn)
-    options = [
-        i
-        for i in _final_reads(p[turn])
-        if i in clean and any(isinstance(v, str) for v in p[turn][i].arguments.values())
-    ]
+def _call_outcome(methods: dict, name: str, arguments: dict) -> tuple[str, bool]:
+    """(output as BFCL records it, whether the call failed) of one call run directly on a back end."""
+    try:
+        result = methods[name](**copy.deepcopy(arguments))
+    except Exception as e:  # noqa: BLE001 - the episode records a raising call the same way
+        return f"Error during execution: {e}", True
+    return format_output(result), isinstance(result, dict) and "error" in result
+
+
+def _run_turn(task: Task, p: list[list[PlannedCall]], turn: int, calls: list[tuple[str, dict]]):
+    """The ground truth of the turns before `turn`, then `calls`: each call's outcome (_call_outcome) and the
+    public state after them."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    for c in [c for earlier in p[:turn] for c in earlier]:
+        _call_outcome(methods, c.name, c.arguments)
+    outcomes = [_call_outcome(methods, name, arguments) for name, arguments in calls]
+    return outcomes, {cls: _public(instance) for cls, instance in instances.items()}
+
+
+def _without(calls: list, i: int) -> list:
+    return calls[:i] + calls[i + 1 :]
+
+
+def _needed_by(task, p, turn, i: int, state_changing: bool) -> list[int]:
+    """Later calls of the turn whose outcome changes when call i is left out (i is their precondition: a cd
+    before a file call, a brake before the engine), among the state-changing ones or the final reads."""
+    calls = as_pairs(p[turn])
+    reference, _ = _run_turn(task, p, turn, calls)
+    without, _ = _run_turn(task, p, turn, _without(calls, i))
+    pool = [j for j, c in enumerate(p[turn]) if c.changes_state] if state_changing else _final_reads(p[turn])
+    return [j for j in pool if j > i and without[j - 1] != reference[j]]
+
+
+def _skipped_precondition(task, p, turn, rng):
+    """A call that a later state-changing call of the turn needs is left out: that call then fails or acts
+    elsewhere, and the state differs."""
+    options = [i for i in range(len(p[turn]) - 1) if _needed_by(task, p, turn, i, state_changing=True)]
     if not options:
         return None
     i = rng.choice(options)
-    calls = as_pairs(p[turn])
-    name, arguments = calls[i]
-    arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
-    calls[i] = (name, {**arguments, arg: "no_such_" + arguments[arg]})
-    return call_blocks(calls), f"{name}({arg}=no_such_...) fails"
+    return call_blocks(_without(as_pairs(p[turn]), i)), f"{p[turn][i].name} skipped"
+
+
+def _failing_read(task, p, turn, rng):
+    """A final read of the turn made to fail, as (the turn's calls with it failing, index of the failing call,
+    the calls that repair it, note), or None: its precondition (a call that changes no public state, such as
+    a cd) left out, else one of its string arguments pointing at nothing."""
+    calls, clean = as_pairs(p[turn]), _clean(task, p, turn)
+    skipped = [
+        (i, j)
+        for i, c in enumerate(p[turn][:-1])
+        if not c.changes_state
+        for j in _needed_by(task, p, turn, i, state_changing=False)
+        if _run_turn(task, p, turn, _without(calls, i))[0][j - 1][1]  # the read then fails
+    ]
+    if skipped:
+        i, j = rng.choice(skipped)
+        return _without(calls, i), j - 1, [calls[i], calls[j]], f"{calls[i][0]} skipped, so {calls[j][0]} fails"
+    schemas = offered_schemas(task, turn)
+    # other names the task uses (a file of another folder, another ticket's title): a wrong one a model picks
+    names = sorted({v for c in (c for t in p for c in t) for v in c.arguments.values() if isinstance(v, str)})
+    options = []  # (call, argument, the turn's calls with it): a free-text argument that makes the read fail
+    for i in (i for i in _final_reads(p[turn]) if i in clean):
+        props = schemas[calls[i][0]].get("properties", {})
+        for arg, value in calls[i][1].items():
+            if isinstance(value, str) and "enum" not in props.get(arg, {}):  # else it is an argument_mismatch
+                for wrong in rng.sample(names, len(names)) + ["no_such_" + value]:  # a wrong name, at random
+                    broken = calls[:i] + [(calls[i][0], {**calls[i][1], arg: wrong})] + calls[i + 1 :]
+                    if wrong != value and _run_turn(task, p, turn, broken)[0][i][1]:
+                        options.append((i, arg, broken))
+                        break
+    if not options:
+        return None
+    i, arg, broken = rng.choice(options)
+    return broken, i, [calls[i]], f"{calls[i][0]}({arg}={broken[i][1][arg]!r}) fails"
+
+
+def _failing(task, p, turn, rng):
+    failing = _failing_read(task, p, turn, rng)
+    if failing is None:
+        return None
+    calls, _, _, note = failing
+    return call_blocks(calls), note
 
 
 def _written(form: str):
@@ -342,33 +469,29 @@ def _two_in_one(task, p, turn, rng):
 
 
 REPAIRED = ("repaired_malformed_call", "repaired_failing_call")
-"""Kinds scripted as exact messages: all of the turn's calls in one message (one of them broken), then
-the broken one alone, corrected, in the next message (the repair), then the final answer."""
+"""Kinds scripted as exact messages. Malformed: all of the turn's calls in one message (one of them broken),
+then the broken one alone, corrected, in the next message (the repair). Failing: one call per message, the
+failing read among them, and right after it the calls that repair it (its precondition, then the read
+again). Then the final answer."""
 
 
-def _repaired(failing: bool):
-    def build(task, p, turn, rng):
-        calls = as_pairs(p[turn])
-        if failing:
-            clean = _clean(task, p, turn)
-            options = [
-                i for i in _final_reads(p[turn]) if i in clean and any(isinstance(v, str) for v in calls[i][1].values())
-            ]
-        else:  # the last call, so that the repair runs in the reference's order; another must run next to it
-            options = [len(calls) - 1] if len(calls) >= 2 else []
-        if not options:
-            return None
-        i = rng.choice(options)
-        name, arguments = calls[i]
-        if failing:
-            arg = rng.choice([a for a, v in arguments.items() if isinstance(v, str)])
-            first = format_call(name, {**arguments, arg: "no_such_" + arguments[arg]})
-        else:
-            first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
-        message = "\n".join(call_blocks(calls[:i]) + [first] + call_blocks(calls[i + 1 :]))
-        return [message, format_call(name, arguments)], f"{name} {'failed' if failing else 'broken'}, then repaired"
+def _repaired_malformed(task, p, turn, rng):
+    calls = as_pairs(p[turn])
+    if len(calls) < 2:  # the last call, so that the repair runs in the reference's order; another runs next to it
+        return None
+    name, arguments = calls[-1]
+    first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
+    message = "\n".join(call_blocks(calls[:-1]) + [first])
+    return [message, format_call(name, arguments)], f"{name} broken, then repaired"
 
-    return build
+
+def _repaired_failing(task, p, turn, rng):
+    failing = _failing_read(task, p, turn, rng)
+    if failing is None:
+        return None
+    calls, i, repair, note = failing
+    blocks = call_blocks(calls)
+    return blocks[: i + 1] + call_blocks(repair) + blocks[i + 1 :], f"{note}, then repaired"
 
 
 BUILDERS = {
@@ -377,17 +500,20 @@ BUILDERS = {
     "missing_required_argument": _argument_fault(_drop_required),
     "wrong_argument_type": _argument_fault(_retype),
     "wrong_argument_value": _argument_fault(_revalue),
+    "out_of_enum_value": _argument_fault(_near_miss),
     "dropped_state_call": _drop(want_state=True),
     "dropped_read_call": _drop(want_state=False),
     "spurious_call": _spurious,
+    "guessed_value_call": _guessed,
+    "skipped_precondition": _skipped_precondition,
     "no_call_answer": _no_call,
     "unrepaired_error": _failing,
     "other_instance_call": _other_instance,
     "one_line_call": _written("one_line"),
     "fenced_call": _written("fenced"),
     "two_calls_one_block": _two_in_one,
-    "repaired_malformed_call": _repaired(failing=False),
-    "repaired_failing_call": _repaired(failing=True),
+    "repaired_malformed_call": _repaired_malformed,
+    "repaired_failing_call": _repaired_failing,
 }
 if set(BUILDERS) != set(FAULTS):
     raise RegistryError(

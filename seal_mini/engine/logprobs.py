@@ -26,9 +26,11 @@ def right_pad(rows: list[list], dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-def _chunk_stats(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
-    """(n, H) hidden states and (n,) next tokens -> (n, 2): log-prob of the token, entropy."""
-    logits = head(hidden).float()  # (n, V)
+def _chunk_stats(
+    hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float
+) -> torch.Tensor:
+    """(n, H) hidden states and (n,) next tokens -> (n, 2): log-prob of the token, entropy (of logits / temperature)."""
+    logits = head(hidden).float() / temperature  # (n, V)
     logp = torch.log_softmax(logits, dim=-1)
     token = logp.gather(-1, targets[:, None]).squeeze(-1)  # (n,)
     entropy = -(logp.exp() * logp).sum(-1)  # (n,)
@@ -41,11 +43,15 @@ def token_logprobs_and_entropy(
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor,
     chunk: int = 256,
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) log p(token_t | tokens_<t) and the entropy of that distribution where loss_mask is 1, else 0.
 
+    p is softmax(logits / temperature): the distribution a sampler at that temperature draws from (the RL
+    update scores the rollouts' own temperature, as TRL and verl do; supervised training scores 1).
     Differentiable when grad is enabled. Position 0 has no context and must have loss_mask 0."""
     assert input_ids.shape == attention_mask.shape == loss_mask.shape and input_ids.dim() == 2
+    assert temperature > 0, f"log-probs need a temperature > 0, got {temperature}"
     assert not bool(loss_mask[:, 0].any()), "the first token has no context; its loss_mask must be 0"
     lm = causal_lm(model)
     # Positions count real tokens only, so left- and right-padded rows both get the positions they had
@@ -64,9 +70,9 @@ def token_logprobs_and_entropy(
         h = hidden[r, c - 1]  # (n, H): the state that predicts token c
         targets = input_ids[r, c]  # (n,)
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_chunk_stats, h, targets, head, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_stats, h, targets, head, temperature, use_reentrant=False))
         else:
-            pieces.append(_chunk_stats(h, targets, head))
+            pieces.append(_chunk_stats(h, targets, head, temperature))
     stats = torch.cat(pieces) if pieces else hidden.new_zeros(0, 2, dtype=torch.float32)  # (N, 2)
     logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     entropy = torch.zeros_like(logp)
@@ -81,6 +87,8 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     loss_mask: torch.Tensor,
     chunk: int = 256,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
-    """(B, T) log p(token_t | tokens_<t) where loss_mask is 1, 0 elsewhere (chunked LM head, differentiable)."""
-    return token_logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, chunk)[0]
+    """(B, T) log p(token_t | tokens_<t) where loss_mask is 1, 0 elsewhere (chunked LM head, differentiable);
+    p = softmax(logits / temperature)."""
+    return token_logprobs_and_entropy(model, input_ids, attention_mask, loss_mask, chunk, temperature)[0]

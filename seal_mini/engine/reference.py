@@ -14,7 +14,15 @@ from __future__ import annotations
 import torch
 
 from seal_mini.config import RolloutConfig
-from seal_mini.engine.sequences import EnvLike, LogitsHook, Trajectory, episode_seed, sample_tokens, task_id
+from seal_mini.engine.sequences import (
+    EnvLike,
+    LogitsHook,
+    Trajectory,
+    episode_seed,
+    sample_tokens,
+    scored_temperature,
+    task_id,
+)
 
 
 @torch.no_grad()
@@ -75,10 +83,12 @@ def reference_rollout(
             total_left = cfg.max_total_tokens - len(t.input_ids) - closing
             budget = min(cfg.max_new_tokens, response_left, total_left)
             message: list[int] = []
+            start = len(t.input_ids)
             while True:
                 ids = torch.tensor([t.input_ids], device=policy.device)  # (1, T): the whole sequence so far
                 logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()  # (1, V)
-                logprobs = torch.log_softmax(logits, dim=-1)  # old log-probs: the model's own distribution
+                # old log-probs: the distribution the sampler draws from (logits / T, before the hook and top-p)
+                logprobs = torch.log_softmax(logits / scored_temperature(temperature), dim=-1)
                 if logits_hook is not None:  # steers sampling only
                     logits = logits_hook([index], [list(message)], logits)
                 uniforms = torch.rand(1, generator=stream) if temperature > 0 else None  # one draw per token
@@ -98,6 +108,10 @@ def reference_rollout(
                 return finish([], truncated=True)
             t.n_cut += not stopped  # cut at max_new_tokens: the env still gets the text
             result = env.step(r.decode(message[:-1] if stopped else message))  # the env never sees an end token
+            if getattr(result, "retried", False):  # an unreadable message the interface forgave: out of the loss
+                end = start + len(message)
+                t.loss_mask[start:end] = [0] * (end - start)
+                t.old_logprobs[start:end] = [0.0] * (end - start)
             if result.done:
                 return finish(result.observation, truncated=False)
             if t.n_sampled >= cfg.max_response_tokens or not follow(result.observation, True, 1 + closing):

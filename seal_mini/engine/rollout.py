@@ -48,6 +48,7 @@ from seal_mini.engine.sequences import (
     episode_seed,
     sample_numbers,
     sample_tokens,
+    scored_temperature,
     task_id,
 )
 
@@ -376,7 +377,7 @@ class _Batch:
             logits = self._forward(rows, input_ids, [1] * len(rows), mask=True).float()  # (R, V)
             for live in rows:
                 live.cached += 1
-            logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
+            logprobs = torch.log_softmax(logits / scored_temperature(self.temperature), dim=-1)  # (R, V)
             if hook is not None:
                 logits = hook([x.index for x in rows], [list(x.message) for x in rows], logits)
             uniforms = None

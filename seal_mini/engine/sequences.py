@@ -63,8 +63,8 @@ class Trajectory:
     loss_mask: list[int]
     """1 on tokens the model sampled, 0 on everything else."""
     old_logprobs: list[float]
-    """Log-prob of each sampled token under the model's own distribution (temperature 1, no top-p)
-    when it was sampled; 0.0 where loss_mask is 0."""
+    """Log-prob of each sampled token, when it was sampled, under the distribution the sampler drew from:
+    softmax(logits / temperature), before top-p (`scored_temperature`); 0.0 where loss_mask is 0."""
     prompt_len: int
     truncated: bool
     """A length limit (prompt, response or total tokens) ended the episode."""
@@ -84,6 +84,13 @@ class Trajectory:
 LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
 """(env index of each row, ids sampled so far in each row's message, logits (R, V)) -> logits to sample
 from. Only sampling sees the result; old_logprobs always come from the model's own logits."""
+
+
+def scored_temperature(temperature: float) -> float:
+    """The temperature whose distribution old and new log-probs score: the sampler's, as TRL and verl do
+    (logits / T), so the clipped ratio is that of the policy that drew the tokens; greedy decoding (0)
+    scores the model's own distribution (1). Top-p is not part of it (neither library counts it)."""
+    return temperature if temperature > 0 else 1.0
 
 
 # --- sampling (pure) --------------------------------------------------------------------------------
@@ -157,6 +164,8 @@ class LiveEpisode:
     generator: torch.Generator
     """The episode's own random stream."""
     message: list[int] = field(default_factory=list)
+    start: int = 0
+    """Where the current message's first token lies in the sequence."""
     budget: int = 0
     """Tokens the current message may sample."""
     limited: bool = False
@@ -201,7 +210,7 @@ class Sequences:
         total_left = cfg.max_total_tokens - len(t.input_ids) - len(self.renderer.close_ids)
         live.budget = min(cfg.max_new_tokens, response_left, total_left)
         live.limited = min(response_left, total_left) <= cfg.max_new_tokens
-        live.message = []
+        live.message, live.start = [], len(t.input_ids)
         assert live.budget >= 1, "a message begins only where at least one token fits"
 
     def sampled(self, live: LiveEpisode, token: int, logprob: float) -> bool:
@@ -240,6 +249,8 @@ class Sequences:
                 flush=True,
             )
             return self.truncate(live)
+        if getattr(result, "retried", False):
+            self.forgive(live)
         if result.done:
             self.close(live, result.observation)
             return False
@@ -249,6 +260,16 @@ class Sequences:
             return self.truncate(live)
         self.begin_message(live)
         return True
+
+    @staticmethod
+    def forgive(live: LiveEpisode) -> None:
+        """The training interface let the model retry an unreadable message (interface.parse_retry): the
+        message stays in the sequence (the model saw it) but out of the loss. Its episode's reward says
+        nothing about it: the bare benchmark would have ended the turn there, so a success must not
+        reinforce it; the retry is the interface's gift, not the policy's doing."""
+        t, end = live.traj, live.start + len(live.message)
+        t.loss_mask[live.start : end] = [0] * (end - live.start)
+        t.old_logprobs[live.start : end] = [0.0] * (end - live.start)
 
     def append(self, live: LiveEpisode, new: list[dict], generation_prompt: bool, room: int) -> bool:
         """Lay down the tokens of new messages (and the next generation prompt) if they fit."""

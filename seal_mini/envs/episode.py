@@ -96,6 +96,9 @@ class StepResult:
     turn_done: bool
     done: bool
     events: list[CallEvent]
+    retried: bool = False
+    """The message was unreadable and the training interface let the model try again (parse_retry); the
+    rollout engine keeps it out of the loss (seal_mini.engine.sequences.Sequences.forgive)."""
 
 
 def new_instances(task: Task, classes: dict[str, type] | None = None) -> dict[str, object]:
@@ -196,7 +199,9 @@ class Episode:
                 turn.events += unread
                 turn.retried += 1
                 message = "Error: " + "; ".join(e.error for e in unread)
-                return self._after_tool_message(turn, [{"role": "tool", "name": "", "content": message}], unread)
+                result = self._after_tool_message(turn, [{"role": "tool", "name": "", "content": message}], unread)
+                result.retried = True
+                return result
             turn.events += unread
             turn.ended_by = NO_CALL
             turn.final_text = decoded.text

@@ -7,7 +7,11 @@ multi_turn_checker scores it through the same Episode, verifier, diagnoser and i
 
 Each task offers the tools its requests use (and one distractor when they use a single tool), with
 compact docs (BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording,
-with the phenomena of BFCL's four categories. Everything is kept short (a demonstration is about 240
+with the phenomena of BFCL's four categories and the failure modes BFCL's back ends set up: preconditions
+a request leaves unsaid (a file in a folder needs a `cd` first, after which the session is in that folder;
+the engine needs the brake pressed), allowed values a request does not spell as the tool does ("automatic"
+for auto, "words" for wc's w, "start" for START), and values a user leaves out that a model is tempted to
+make up instead of asking. Everything is kept short (a demonstration is about 240
 tokens for the scratch tokenizer), since sequence length is what a CPU pays for:
   base          plain requests;
   miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn
@@ -85,9 +89,13 @@ def compact_doc(doc: dict) -> dict:
     properties = {}
     for name, spec in params.get("properties", {}).items():
         spec = {k: v for k, v in spec.items() if k not in ("default", "description")}
-        enum = re.search(r"\[Enum\]: \[.*?\]", doc["parameters"]["properties"][name].get("description", ""))
+        enum = re.search(r"\[Enum\]: (\[.*?\])", doc["parameters"]["properties"][name].get("description", ""))
         if enum:
             spec["description"] = enum.group(0)
+            # the same values as a JSON-schema enum (on the items of an array), so an argument outside them is a
+            # schema violation the diagnoser names (argument_mismatch) and the schema cue can show
+            target = spec.setdefault("items", {}) if spec.get("type") == "array" else spec
+            target["enum"] = json.loads(enum.group(1))
         properties[name] = spec
     out = {"type": params.get("type", "dict"), "properties": properties}
     if params.get("required"):
@@ -153,37 +161,58 @@ class Domain:
 
 
 class Files(Domain):
+    """A workspace with files and folders. Requests act in the current folder; a request about a file in
+    another folder needs a `cd` first (a precondition the request does not spell out), and later requests
+    of the session act in that folder, as BFCL's file system does."""
+
     cls = "GorillaFileSystem"
-    tools = ("ls", "mkdir", "touch", "echo", "cat", "rm", "mv", "wc")
+    tools = ("ls", "cd", "mkdir", "touch", "echo", "cat", "rm", "mv", "wc")
 
     def __init__(self, rng, large):
         super().__init__(rng, large)
-        names = [
-            f"{n}.{rng.choice(EXTENSIONS)}"
-            for n in rng.sample(NOUNS, rng.randint(5, 6) if large else rng.randint(2, 3))
-        ]
-        self.files = {n: "\n".join(rng.sample(LINES, rng.randint(1, 3))) for n in names}
-        self.dirs = set(rng.sample(NOUNS, rng.randint(2, 4) if large else rng.randint(0, 1))) - {
-            n.split(".")[0] for n in names
-        }
-        self.initial = (dict(self.files), set(self.dirs))
+        lines = lambda: "\n".join(rng.sample(LINES, rng.randint(1, 3)))  # noqa: E731
+        stems = rng.sample(NOUNS, rng.randint(4, 5) if large else rng.randint(1, 2))
+        self.tree: dict[str, dict[str, str]] = {"": {f"{n}.{rng.choice(EXTENSIONS)}": lines() for n in stems}}
+        """Folder ("" = the workspace itself, else a folder in it) -> file name -> content."""
+        folders = rng.sample([n for n in NOUNS if n not in stems], 2 if large else rng.randint(1, 2))
+        for d in folders:
+            self.tree[d] = {}
+            if rng.random() < 0.8:  # most folders hold a file
+                self.tree[d][self._new_name(FILE_NAMES)] = lines()
+        self.cwd = ""
+        self.initial = {d: dict(f) for d, f in self.tree.items()}
+
+    @property
+    def files(self) -> dict[str, str]:
+        """The files of the current folder."""
+        return self.tree[self.cwd]
 
     def config(self):
-        files, dirs = self.initial
-        contents = {n: {"type": "file", "content": c} for n, c in files.items()}
-        contents |= {d: {"type": "directory", "contents": {}} for d in sorted(dirs)}
-        return {self.cls: {"root": {"workspace": {"type": "directory", "contents": contents}}}}
+        def contents(files: dict[str, str]) -> dict:
+            return {n: {"type": "file", "content": c} for n, c in files.items()}
+
+        root = contents(self.initial[""])
+        root |= {d: {"type": "directory", "contents": contents(f)} for d, f in sorted(self.initial.items()) if d}
+        return {self.cls: {"root": {"workspace": {"type": "directory", "contents": root}}}}
 
     def _new_name(self, pool):
-        taken = set(self.files) | self.dirs
+        taken = {n for files in self.tree.values() for n in files} | set(self.tree)
         while True:  # the pools are large: a free name comes at once
             name = self.rng.choice(pool)
             if name not in taken:
                 return name
 
+    def _folders(self, need_file: bool) -> list[str]:
+        """Folders a request from the workspace can go into (with a file to read, if need_file)."""
+        if self.cwd:  # one folder level: a session goes into at most one folder
+            return []
+        return [d for d, files in self.tree.items() if d and (not need_file or any(files.values()))]
+
     def req_mkdir(self):
+        if self.cwd:
+            return None
         d = self._new_name(NOUNS)
-        self.dirs.add(d)
+        self.tree[d] = {}
         text = self.rng.choice(["Make a folder called {}.", "Create a new directory named {}.", "I need a folder {}."])
         return Request(text.format(d), [call("mkdir", dir_name=d)], "Please make a new folder.", f"Call it {d}.")
 
@@ -233,8 +262,45 @@ class Files(Domain):
         if not full:
             return None
         f = self.pick(full)
-        text = self.rng.choice(["How many lines does {} have?", "Count the lines in {}."])
-        return Request(text.format(f), [call("wc", file_name=f, mode="l")])
+        unit, mode = self.rng.choice([("lines", "l"), ("words", "w"), ("characters", "c")])  # the mode is a letter
+        text = self.rng.choice(["How many {} does {} have?", "Count the {} in {}."])
+        return Request(text.format(unit, f), [call("wc", file_name=f, mode=mode)])
+
+    def req_cat_in_folder(self):
+        folders = self._folders(need_file=True)
+        if not folders:
+            return None
+        d = self.rng.choice(sorted(folders))
+        f = self.rng.choice(sorted(n for n, c in self.tree[d].items() if c))
+        self.cwd, self.focus = d, f
+        text = self.rng.choice(["What does {} in the {} folder say?", "Show me {} from the {} folder."])
+        return Request(text.format(f, d), [call("cd", folder=d), call("cat", file_name=f)])
+
+    def req_touch_in_folder(self):
+        folders = self._folders(need_file=False)
+        if not folders:
+            return None
+        d = self.rng.choice(sorted(folders))
+        self.cwd = d
+        f = self._new_name(FILE_NAMES)
+        self.files[f] = ""
+        self.focus = f
+        text = self.rng.choice(
+            ["In the {} folder, create an empty file {}.", "Add a blank file {1} to the {0} folder."]
+        )
+        calls = [call("cd", folder=d), call("touch", file_name=f)]
+        return Request(text.format(d, f), calls, f"Create an empty file in the {d} folder.", f"Name it {f}.")
+
+    def req_rm_in_folder(self):
+        folders = [d for d in self._folders(need_file=False) if self.tree[d]]
+        if not folders:
+            return None
+        d = self.rng.choice(sorted(folders))
+        f = self.rng.choice(sorted(self.tree[d]))
+        del self.tree[d][f]
+        self.cwd = d
+        text = self.rng.choice(["Delete {} from the {} folder.", "Remove {} in the {} folder."])
+        return Request(text.format(f, d), [call("cd", folder=d), call("rm", file_name=f)])
 
     def listing(self):
         text = self.rng.choice(
@@ -480,16 +546,29 @@ class Vehicle(Domain):
         return Request(text, [call("lockDoors", unlock=False, door=list(DOORS))])
 
     def req_start(self):
+        """The engine starts only with every door locked and the brake pressed: preconditions the request
+        leaves unsaid (the first one the world keeps true: "start" is asked only of a locked car)."""
         if not self.locked or self.running:
             return None
         self.running = True
         text = self.rng.choice(["Start the engine.", "Get the engine running, please."])
         return Request(text, [call("pressBrakePedal", pedalPosition=1.0), call("startEngine", ignitionMode="START")])
 
+    def req_lock_and_start(self):
+        if self.locked or self.running:
+            return None
+        self.locked = self.running = True
+        text = self.rng.choice(["Lock the car and start the engine.", "Lock every door, then start the engine."])
+        calls = [call("lockDoors", unlock=False, door=list(DOORS)), call("pressBrakePedal", pedalPosition=1.0)]
+        return Request(text, calls + [call("startEngine", ignitionMode="START")])
+
     def req_lights(self):
-        mode = "off" if self.lights == "on" else "on"
-        self.lights = mode
-        text = self.rng.choice(["Turn the headlights {}.", "Switch the headlights {}."]).format(mode)
+        mode = "off" if self.lights == "on" else self.rng.choice(["on", "auto"])
+        self.lights = "on" if mode == "on" else "off"  # auto leaves them off until it is dark
+        if mode == "auto":  # an allowed value the request does not spell as the tool does
+            text = self.rng.choice(["Set the headlights to automatic.", "Let the headlights switch on by themselves."])
+        else:
+            text = self.rng.choice(["Turn the headlights {}.", "Switch the headlights {}."]).format(mode)
         return Request(text, [call("setHeadlights", mode=mode)])
 
     def req_fuel(self):

@@ -46,9 +46,15 @@ from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.verifier import check
 from seal_mini.labels import FAILURE_LABELS, LABELS, RegistryError, require_labels
 
-EFFECT_KINDS = ("wrong_argument_value", "dropped_state_call", "dropped_read_call", "other_instance_call")
+EFFECT_KINDS = (
+    "wrong_argument_value",
+    "dropped_state_call",
+    "skipped_precondition",
+    "dropped_read_call",
+    "other_instance_call",
+)
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
-BY_CONSTRUCTION = ("spurious_call", "no_call_answer", "wrong_argument_type")
+BY_CONSTRUCTION = ("spurious_call", "guessed_value_call", "no_call_answer", "wrong_argument_type", "out_of_enum_value")
 """Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
 no call where one is, a call outside the schema that ran anyway."""
 CHECKER_ERROR = {
@@ -81,6 +87,8 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
         return any(e.violation == "missing_required" for e in events)
     if kind == "wrong_argument_type":
         return any(e.violation == "wrong_type" for e in events)
+    if kind == "out_of_enum_value":
+        return any(e.violation == "not_in_enum" for e in events)
     if kind in ("unrepaired_error", "repaired_failing_call"):
         return any(e.error_kind == "execution" for e in events)
     return True  # the other faults are realized by construction
@@ -225,14 +233,15 @@ def run_check(
     turns_per_fault: int = 0,
     parallel: bool = False,
     verify_every: int = 8,
+    tasks: list[Task] | None = None,
 ) -> dict:
-    """Clean, faulty and cut-short episodes for every task; returns all the numbers.
+    """Clean, faulty and cut-short episodes for every task (BFCL's, or the `tasks` given); returns all the numbers.
 
     Each fault kind is injected at every turn of a task where it can be made (turns_per_fault > 0:
     at most that many such turns, drawn at random), one fault per episode. The faulty episodes of
     every verify_every-th task (by index) also get the official verdict, to count failed episodes in
     which the rules found no failing turn."""
-    tasks = [t for t in load_tasks(categories) if not limit or t.index < limit]
+    tasks = [t for t in tasks or load_tasks(categories) if t.category in categories and (not limit or t.index < limit)]
     run = Run(examples, verify_every)
     timer = run.timer
     timer.tasks = len(tasks)
@@ -527,9 +536,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--small-model-turns", type=nonnegative, default=70, help="faulty episodes the small model judges"
     )
+    parser.add_argument(
+        "--practice", action="store_true", help="the practice sets (training and held-in) instead of BFCL's tasks"
+    )
     args = parser.parse_args(argv)
+    from seal_mini.programs.oracle import practice_tasks
+
+    tasks = practice_tasks(args.seed) if args.practice else None
     result = run_check(
-        args.categories, args.limit, args.seed, args.examples, args.turns_per_fault, args.parallel, args.verify_every
+        args.categories,
+        args.limit,
+        args.seed,
+        args.examples,
+        args.turns_per_fault,
+        args.parallel,
+        args.verify_every,
+        tasks,
     )
     if args.small_model:
         from seal_mini.config import DiagnosisConfig

@@ -2,21 +2,27 @@
 
 Every run is the full pipeline (warm start, training, held-in evaluation, report) in its own run
 directory under <out_dir>/<name>_sweep/, as its own process, placed by seal_mini.programs.placement: side by
-side on GPU sets where there are GPUs, one after another on the CPU. Runs of one seed share the warm start
-(seal_mini/training/sft.py reuses an identical one from a sibling run). An ablation flips the same switches it
-flips in recipes/ablations/*.yaml, on top of the recipe given here: those files are read for their
-keys, not their `base:`.
+side on GPU sets where there are GPUs, one after another on the CPU. By default every run starts from one
+warm start (sft.seed = the recipe's seed; --warm-start per-seed builds one per seed), so what differs
+between two seeds is what RL does, and a variant is compared with SEAL on the same seed: the same warm
+start, task order and sampling streams, only the switch flipped. An ablation flips the same switches it
+flips in recipes/ablations/*.yaml, on top of the recipe given here: those files are read for their keys,
+not their `base:`. Runs that share a warm start share its held-in evaluation too.
 
-Resumable: a run whose final evaluation exists is not run again; a stopped run continues where it
-stopped (the pipeline resumes). The table (sweep.md, sweep.json) gives, per variant, the held-in
-success of the warm start and after training, mean and spread over the seeds, the paper's Table 3
-beside them, and each run's wall time. It reports what it measures, whichever way it comes out.
+A run scores the mean of its last --last held-in evaluations. The table (sweep.md, sweep.json) gives, per
+variant and per category, the mean and spread over seeds, the paired difference to SEAL with 95% paired-t
+and bootstrap intervals, how many seeds a 5-point difference needs at the measured spread, and, from each
+run's own files, training success in rounds with cues on vs off and the held-in label shares before and
+after. It reports what it measures, whichever way it comes out. Resumable: a run whose final evaluation
+exists is not run again; a stopped run continues where it stopped (the pipeline resumes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -24,8 +30,10 @@ from pathlib import Path
 import yaml
 
 from seal_mini.config import ConfigError, load_config
+from seal_mini.core.interface import active_cues
+from seal_mini.labels import FAILURE_LABELS, LABELS
 from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
-from seal_mini.runio import atomic_write_text, read_json, read_yaml, run_lock, write_json
+from seal_mini.runio import atomic_write_text, read_json, read_jsonl_gz, read_yaml, run_lock, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root: recipes/ablations/ lies there."""
@@ -101,17 +109,107 @@ def spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "sd": sd, "min": min(values), "max": max(values), "n": len(values)}
 
 
+# --- paired statistics over seeds -------------------------------------------------------------------
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile of Student's t with df degrees of freedom (p > 0.5): its density integrated by
+    Simpson's rule, inverted by bisection (accurate to about 1e-6; no statistics package needed)."""
+    assert 0.5 < p < 1 and df >= 1
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float, n: int = 2000) -> float:
+        f = lambda t: math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))  # noqa: E731
+        h = x / n
+        inner = sum((4 if k % 2 else 2) * f(k * h) for k in range(1, n))
+        return 0.5 + h / 3 * (f(0.0) + inner + f(x))
+
+    low, high = 0.0, 1000.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def paired(diffs: list[float], resamples: int = 10_000) -> dict:
+    """Mean of paired differences (points) with a 95% paired-t interval and a 95% bootstrap interval over
+    the pairs (seeds), and the seeds a 5-point effect needs at 80% power at this spread."""
+    n, m = len(diffs), statistics.fmean(diffs)
+    sd = statistics.stdev(diffs) if n > 1 else float("nan")
+    out = {"mean": m, "sd": sd, "n": n, "t95": None, "boot95": None, "seeds_for_5": None}
+    if n < 2:
+        return out
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    rng = random.Random(0)  # the interval of a given table is reproducible
+    means = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    out["t95"] = [m - half, m + half]
+    out["boot95"] = [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
+    z = statistics.NormalDist()
+    out["seeds_for_5"] = math.ceil(((z.inv_cdf(0.975) + z.inv_cdf(0.8)) * sd / 5.0) ** 2) if sd > 0 else 2
+    return out
+
+
+# --- what a run scored -------------------------------------------------------------------------------
+
+
+def run_score(run_dir: Path, last: int) -> dict:
+    """Held-in success per category (and mean) of a run, averaged over its last `last` evaluations (the
+    in-training ones, eval/step_NNNN.json, and the final one, eval/adapter.json): one evaluation is a noisy
+    reading of a run whose held-in success wanders from one evaluation to the next."""
+    evals = sorted((run_dir / "eval").glob("step_[0-9][0-9][0-9][0-9].json")) + [run_dir / "eval" / "adapter.json"]
+    chosen = [read_json(p)["success"] for p in evals[-last:]]
+    return {c: statistics.fmean(e[c] for e in chosen) for c in chosen[-1]} | {"evaluations": len(chosen)}
+
+
+def cue_rounds(run_dir: Path) -> dict:
+    """Training success (mean reward of the round's episodes) in rounds that trained with cues on vs rounds
+    without any, from the run's own rounds/ and trajectories/ files."""
+    on, off = [], []
+    for path in sorted((run_dir / "rounds").glob("step_*.json")):
+        rows = read_jsonl_gz(run_dir / "trajectories" / f"{path.stem}.jsonl.gz")
+        reward = statistics.fmean(r["reward"] for r in rows)
+        (on if active_cues(read_json(path)["interface_used"]) else off).append(reward)
+    return {"rounds_on": len(on), "success_on": _mean(on), "rounds_off": len(off), "success_off": _mean(off)}
+
+
+def held_in_labels(run_dir: Path, tag: str) -> dict[str, float]:
+    """Share of held-in turns per label in one evaluation (eval/<tag>.json)."""
+    counts = read_json(run_dir / "eval" / f"{tag}.json").get("label_counts", {})
+    total = sum(counts.values()) or 1
+    return {z: n / total for z, n in counts.items()}
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
 def summarize(rows: list[dict]) -> dict:
-    """Per variant: warm start and trained success (mean of categories) over seeds, and wall times."""
+    """Per variant: warm start and trained success over seeds (mean of categories and per category), the
+    paired difference SEAL - variant per seed, wall times, and the mechanism figures."""
+    seal = {r["seed"]: r for r in rows if r["variant"] == "seal"}
     out = {}
     for variant in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == variant]
+        categories = [c for c in mine[0]["score"] if c not in ("mean", "evaluations")]
+        pairs = [(seal[r["seed"]], r) for r in mine if r["seed"] in seal]
         out[variant] = {
             "warm start": spread([r["base"]["mean"] for r in mine]),
-            "trained": spread([r["adapter"]["mean"] for r in mine]),
-            "delta": spread([r["adapter"]["mean"] - r["base"]["mean"] for r in mine]),
-            "categories": {c: spread([r["adapter"][c] for r in mine]) for c in mine[0]["adapter"] if c != "mean"},
+            "trained": spread([r["score"]["mean"] for r in mine]),
+            "delta": spread([r["score"]["mean"] - r["base"]["mean"] for r in mine]),
+            "categories": {c: spread([r["score"][c] for r in mine]) for c in categories},
             "seconds": [round(r["seconds"], 1) for r in mine],
+        }
+        if variant != "seal":
+            diff = lambda key, ps=pairs: [100 * (a["score"][key] - b["score"][key]) for a, b in ps]  # noqa: E731
+            out[variant]["seal_minus"] = {key: paired(diff(key)) for key in ["mean", *categories]}
+        cues = [r["cue_rounds"] for r in mine if r.get("cue_rounds", {}).get("rounds_on")]
+        if cues:
+            out[variant]["cue_rounds"] = {
+                key: _mean([c[key] for c in cues if c[key] is not None]) for key in ("success_on", "success_off")
+            }
+        out[variant]["labels"] = {
+            which: {z: statistics.fmean(r["labels"][which].get(z, 0.0) for r in mine) for z in LABELS}
+            for which in ("base", "trained")
         }
     return out
 
@@ -120,24 +218,62 @@ def cell(s: dict) -> str:
     return f"{s['mean']:.1f} ± {s['sd']:.1f} [{s['min']:.1f}, {s['max']:.1f}]"
 
 
-def table(summary: dict, n_tasks: int) -> str:
-    """The markdown table: ours (mean ± sd [min, max] over seeds) beside the paper's Table 3."""
-    lines = [
-        "| variant | held-in success after training | change vs warm start | wall time per run (s) | paper (7B) |",
-        "|---|---|---|---|---|",
-    ]
+def paired_cell(d: dict) -> str:
+    if d["t95"] is None:
+        return f"{d['mean']:+.1f} (one seed)"
+    t, b = d["t95"], d["boot95"]
+    return f"{d['mean']:+.1f} [t {t[0]:+.1f}, {t[1]:+.1f}] [boot {b[0]:+.1f}, {b[1]:+.1f}]"
+
+
+def table(summary: dict, n_tasks: int, last: int) -> str:
+    """The markdown tables: per variant, then per category, paired differences to SEAL with 95% intervals,
+    the seeds a 5-point effect needs, the mechanism figures, and the paper's Table 3 beside ours."""
     first = next(iter(summary.values()))
-    lines.append(f"| warm start | {cell(first['warm start'])} | - | - | {PAPER['warm start'][1]:.2f} |")
+    n = first["trained"]["n"]
+    lines = [
+        "| variant | held-in success | change vs warm start | SEAL - variant, paired (95% t / bootstrap) "
+        "| seeds for 5 points | wall time per run (s) | paper (7B) |",
+        "|---|---|---|---|---|---|---|",
+        f"| warm start | {cell(first['warm start'])} | - | - | - | - | {PAPER['warm start'][1]:.2f} |",
+    ]
     for variant, s in summary.items():
         name, paper = PAPER.get(variant, (variant, None))
+        d = s.get("seal_minus", {}).get("mean")
+        diff = paired_cell(d) if d else "-"
+        need = str(d["seeds_for_5"]) if d and d["seeds_for_5"] is not None else "-"
         seconds = ", ".join(f"{x:.0f}" for x in s["seconds"])
         paper_cell = f"{paper:.2f} ({name})" if paper is not None else "-"
-        lines.append(f"| {variant} | {cell(s['trained'])} | {cell(s['delta'])} | {seconds} | {paper_cell} |")
+        lines.append(
+            f"| {variant} | {cell(s['trained'])} | {cell(s['delta'])} | {diff} | {need} | {seconds} | {paper_cell} |"
+        )
+    categories = list(first["categories"])
+    lines += ["", "Per category (mean ± sd over seeds; below each ablation: SEAL - variant, paired):", ""]
+    lines += ["| variant | " + " | ".join(categories) + " |", "|---|" + "---|" * len(categories)]
+    for variant, s in summary.items():
+        lines.append(f"| {variant} | " + " | ".join(cell(s["categories"][c]) for c in categories) + " |")
+        if "seal_minus" in s:
+            lines.append("| SEAL - it | " + " | ".join(paired_cell(s["seal_minus"][c]) for c in categories) + " |")
+    lines += ["", "Mechanism (from each run's own files):", ""]
+    for variant, s in summary.items():
+        parts = []
+        if "cue_rounds" in s:
+            c = s["cue_rounds"]
+            on, off = (f"{100 * v:.1f}%" if v is not None else "-" for v in (c["success_on"], c["success_off"]))
+            parts.append(f"training success in rounds with cues on {on}, without {off}")
+        base, trained = s["labels"]["base"], s["labels"]["trained"]
+        moved = sorted((z for z in FAILURE_LABELS if base.get(z) or trained.get(z)), key=lambda z: -base.get(z, 0.0))
+        parts.append(
+            "held-in turns per label, warm start -> trained: "
+            + ", ".join(f"{z} {100 * base.get(z, 0.0):.1f} -> {100 * trained.get(z, 0.0):.1f}%" for z in moved)
+        )
+        lines.append(f"- {variant}: " + "; ".join(parts))
     note = (
-        f"\nSuccess rate (%), mean of the categories, on {n_tasks} held-in tasks, bare benchmark, greedy; "
-        f"mean ± sample standard deviation [min, max] over {first['trained']['n']} seeds. The warm start row "
-        "is the backbone every variant of a seed starts from. The paper's numbers are Qwen2.5-7B on BFCL V3 "
-        "(Tables 1 and 3), beside ours for their direction only.\n"
+        f"\nSuccess rate (%), mean of the categories, on {n_tasks} held-in tasks, bare benchmark, greedy; a run "
+        f"scores the mean of its last {last} evaluations; mean ± sample standard deviation [min, max] over {n} "
+        "seeds. Paired: SEAL minus the variant on the same seed (same warm start, same task order and sampling "
+        "streams), mean with its 95% paired-t and bootstrap intervals; 'seeds for 5 points' is how many seeds "
+        "a 5-point difference needs for 80% power at that pair's measured spread (normal approximation). The "
+        "paper's numbers are Qwen2.5-7B on BFCL V3 (Tables 1 and 3), beside ours for their direction only.\n"
     )
     return "\n".join(lines) + "\n" + note
 
@@ -148,7 +284,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value, applied to every run")
-    parser.add_argument("--seeds", type=int, required=True, help="seeds 0..N-1 (each run takes minutes to hours)")
+    parser.add_argument(
+        "--seeds", type=int, required=True, help="seeds 0..N-1 (the table says how many a 5-point effect needs)"
+    )
     parser.add_argument(
         "--ablations",
         nargs="?",
@@ -156,14 +294,44 @@ def main(argv: list[str]) -> int:
         metavar="NAME,...",
         help=f"also the ablations of recipes/ablations/: alone, all four; or some of {','.join(ABLATIONS)}",
     )
+    parser.add_argument("--last", type=int, default=3, help="a run scores the mean of its last N held-in evaluations")
+    parser.add_argument(
+        "--warm-start",
+        choices=("shared", "per-seed"),
+        default="shared",
+        help="shared: every seed starts from one warm start (the recipe's seed), so seeds differ in RL alone",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         raise ConfigError("sweep: --seeds must be >= 1")
+    if args.last < 1:
+        raise ConfigError("sweep: --last must be >= 1")
     args.ablations = chosen_ablations(args.ablations)
     base = load_config(args.recipe, args.overrides)  # a bad recipe or override fails here, before any run
+    if args.warm_start == "shared" and base.sft.enabled and base.sft.seed < 0:
+        args.overrides = [*args.overrides, f"sft.seed={base.seed}"]
     sweep_dir = Path(base.out_dir) / f"{base.name}_sweep"
     with run_lock(sweep_dir, "sweep"):  # two sweeps of one recipe would race for sweep.json and its runs
         return run_sweep(args, base, sweep_dir)
+
+
+def share_base_evaluation(cfg, others: list) -> None:
+    """A run whose warm start and evaluation settings equal a finished run's gets that run's evaluation of the
+    warm start (greedy, the same tasks: the same numbers), instead of playing it again."""
+    from seal_mini.training.sft import identity
+
+    target = cfg.run_dir / "eval" / "base.json"
+    if target.exists() or not cfg.sft.enabled:
+        return
+    key = lambda c: (identity(c), c.to_dict()["eval"], c.to_dict()["rollout"])  # noqa: E731
+    mine = key(cfg)
+    for other in others:
+        done = other.run_dir / "eval" / "base.json"
+        if other.run_dir != cfg.run_dir and done.exists() and key(other) == mine:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, done.read_text())
+            print(f"[sweep] {cfg.name}: the warm start's evaluation of {other.name} (the same warm start and tasks)")
+            return
 
 
 def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
@@ -180,17 +348,19 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
             runs.append((variant, seed, name, load_config(args.recipe, overrides), overrides))
     todo = [r for r in runs if not (r[3].run_dir / "eval" / "adapter.json").exists()]
     jobs = [
-        Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log"))
+        (cfg, Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log")))
         for _, _, name, cfg, overrides in todo
     ]
     # side by side on GPU sets where there are GPUs, one after another on the CPU, in waves as wide as the
     # GPU sets, so a stopped sweep keeps the wall times of the runs it finished; runs go in table order, so
-    # the warm start a seed's variants share is built by its first run and reused by the others
+    # the warm start the runs share is built by the first and reused by the others
     gpus = visible_gpus()
     wave = max(1, len(gpus))
     outcomes = []
     for start in range(0, len(jobs), wave):
-        outcomes += run_placed(jobs[start : start + wave], gpus, per_run=1)
+        for cfg, _ in jobs[start : start + wave]:
+            share_base_evaluation(cfg, [r[3] for r in runs])
+        outcomes += run_placed([job for _, job in jobs[start : start + wave]], gpus, per_run=1)
         for outcome in outcomes[-wave:]:
             seconds[outcome.job.name] = seconds.get(outcome.job.name, 0.0) + outcome.seconds
         write_json(record, {"seconds": seconds})
@@ -201,28 +371,31 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
 
     rows = []
     for variant, seed, name, cfg, _ in runs:
-        base_eval, trained = (
-            read_json(cfg.run_dir / "eval" / "base.json"),
-            read_json(cfg.run_dir / "eval" / "adapter.json"),
-        )
+        base_eval = read_json(cfg.run_dir / "eval" / "base.json")
+        score = run_score(cfg.run_dir, args.last)
         rows.append(
             {
                 "variant": variant,
                 "seed": seed,
                 "run": str(cfg.run_dir),
                 "base": base_eval["success"],
-                "adapter": trained["success"],
+                "score": score,
+                "cue_rounds": cue_rounds(cfg.run_dir),
+                "labels": {
+                    "base": held_in_labels(cfg.run_dir, "base"),
+                    "trained": held_in_labels(cfg.run_dir, "adapter"),
+                },
                 "seconds": seconds.get(name, float("nan")),
-                "n_tasks": trained["n_tasks"],
+                "n_tasks": base_eval["n_tasks"],
             }
         )
         print(
             f"[sweep] {name}: warm start {100 * base_eval['success']['mean']:.1f}% -> "
-            f"{100 * trained['success']['mean']:.1f}%",
+            f"{100 * score['mean']:.1f}% (mean of its last {score['evaluations']} evaluations)",
             flush=True,
         )
     summary = summarize(rows)
-    text = f"# Sweep: {args.recipe}, {args.seeds} seeds\n\n" + table(summary, rows[0]["n_tasks"])
+    text = f"# Sweep: {args.recipe}, {args.seeds} seeds\n\n" + table(summary, rows[0]["n_tasks"], args.last)
     atomic_write_text(sweep_dir / "sweep.md", text)
     write_json(record, {"seconds": seconds, "rows": rows, "summary": summary, "recipe": args.recipe})
     print(text)

@@ -25,6 +25,7 @@ directory, reuses it. An interrupted build starts over (it takes minutes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -39,8 +40,8 @@ import torch
 
 from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
 from seal_mini.core.diagnose import diagnose
-from seal_mini.core.faults import BUILDERS, plan, turn_messages
-from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState, shown_texts
+from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
+from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
@@ -49,6 +50,7 @@ from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.toolcalls import format_call
+from seal_mini.labels import REGISTRY
 from seal_mini.runio import new_dir, read_json, run_lock, write_json
 
 assert set(FAULT_KINDS) <= set(BUILDERS), (
@@ -57,24 +59,67 @@ assert set(FAULT_KINDS) <= set(BUILDERS), (
 
 ABSTAIN_TEXT = "I need more details or another tool to do that."
 """The demonstrations' reply on a turn whose ground truth makes no call."""
-FORMAT = 2
-"""Version of how demonstrations are made; part of a warm start's identity (bump it when they change)."""
+FORMAT = 3
+"""Version of how demonstrations are made; part of a warm start's identity (bump it when they change).
+3: cues drawn from their own stream before the faults, which follow them with sft.cue_compliance."""
+SIDE_EFFECT = 0.5
+"""With a guideline shown, each fault kind it raises (labels.Guideline.raises) is 1 + SIDE_EFFECT * c times
+as likely (c = sft.cue_compliance)."""
 
 
 # --- demonstrations ---------------------------------------------------------------------------------
 
 
-def demo_turns(task: Task, faults: dict[str, float], rng: random.Random) -> tuple[list[list[str]], list[str]]:
+def cue_shares(faults: dict[str, float], cues: InterfaceState | None, compliance: float) -> dict[str, float]:
+    """The share of each fault kind in a demonstration shown `cues`, for a backbone that follows cues to degree
+    c = compliance (sft.cue_compliance): a fault whose label a shown cue addresses (the label's guideline, or
+    the schema cues for argument and format failures) is (1 - c) times as likely; one a shown guideline
+    raises (its side effect) is 1 + SIDE_EFFECT * c times as likely. c = 0, or no cue shown: the shares
+    as given, so cues predict nothing."""
+    if cues is None or not cues.active or not compliance:
+        return dict(faults)
+    addressed = {GUIDELINES[g][0] for g in cues.guidelines} | (set(SCHEMA_TRIGGERS) if cues.schema_cues else set())
+    raised = {kind for g in cues.guidelines for kind in REGISTRY.raises.get(g, ())}
+    out = {}
+    for kind, share in faults.items():
+        if FAULTS[kind][0] in addressed:
+            share *= 1.0 - compliance
+        if kind in raised:
+            share = min(1.0, share * (1.0 + SIDE_EFFECT * compliance))
+        out[kind] = share
+    return out
+
+
+def demo_turns(
+    task: Task,
+    faults: dict[str, float],
+    rng: random.Random,
+    cues: InterfaceState | None = None,
+    compliance: float = 0.0,
+    per_episode: bool = False,
+) -> tuple[list[list[str]], list[str]]:
     """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
-    except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order)."""
+    except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order), with
+    the shares the cues shown give (cue_shares). per_episode (sft.fault_draw: episode): each kind is drawn
+    once for the whole demonstration, then shown wherever it can be made. With error feedback shown, a
+    drawn fault that leaves an error unrepaired is shown repaired instead with probability c
+    (labels.Fault.repaired_as)."""
     p = plan(task)
+    shares = cue_shares(faults, cues, compliance)
+    traits = {kind: rng.random() < share for kind, share in shares.items()} if per_episode else None
+    repairs = cues is not None and cues.error_feedback and compliance > 0
     messages, kinds = [], []
     for turn, calls in enumerate(p):
         blocks, kind = [format_call(c.name, c.arguments) for c in calls], ""
-        for candidate, share in faults.items():
+        for candidate, share in shares.items():
             built = BUILDERS[candidate](task, p, turn, rng)
-            if built is not None and rng.random() < share:
+            if built is not None and (traits[candidate] if traits is not None else rng.random() < share):
                 blocks, kind = built[0], candidate
+                repaired_as = REGISTRY.repairs.get(candidate)
+                if repairs and repaired_as and rng.random() < compliance:
+                    repaired = BUILDERS[repaired_as](task, p, turn, rng)
+                    if repaired is not None:
+                        blocks, kind = repaired[0], repaired_as
                 break
         final = DONE_TEXT if calls or blocks else ABSTAIN_TEXT
         messages.append(turn_messages(blocks, final=final))
@@ -139,8 +184,12 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
     for k in range(cfg.sft.demos_per_task):
         for task in tasks:
             rng = random.Random(f"sft:{cfg.seed}:{task.id}:{k}")
-            turns, kinds = demo_turns(task, cfg.sft.faults, rng)
-            cues = random_cues(rng, cfg.interface.top_k) if rng.random() < cfg.sft.cue_share else None
+            # the cues come from a stream of their own: with cue_compliance 0 the faults are the same whatever
+            # the cues, and cue_share changes only the texts shown
+            cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
+            cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
+            episode = cfg.sft.fault_draw == "episode"
+            turns, kinds = demo_turns(task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode)
             env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
                 skipped += 1
@@ -252,10 +301,16 @@ def demonstrated_tasks(cfg: Config) -> list[Task]:
     return pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
 
 
+def warm_start_config(cfg: Config) -> Config:
+    """The config the warm start is built with: the run's, with sft.seed as its seed when one is set."""
+    return cfg if cfg.sft.seed < 0 else dataclasses.replace(cfg, seed=cfg.sft.seed)
+
+
 def identity(cfg: Config) -> dict:
     """Everything a warm start depends on: the same identity gives the same weights."""
     from seal_mini.engine.policy import resolve_device
 
+    cfg = warm_start_config(cfg)
     d = cfg.to_dict()
     device = resolve_device(cfg.device).type
     return {
@@ -265,7 +320,8 @@ def identity(cfg: Config) -> dict:
         # on a CPU the thread setting changes the rounding of the backward pass, and 1200 steps grow it into
         # another model (measured: cpu_threads 0, 1, 2, 3, 4 gave five different losses by the second step)
         "cpu_threads": cfg.cpu_threads if device == "cpu" else None,
-        **{k: d[k] for k in ("model", "data", "env", "sft")},
+        **{k: d[k] for k in ("model", "data", "env")},
+        "sft": {k: v for k, v in d["sft"].items() if k != "seed"},  # the seed it gives is "seed" above
         "lora": d["lora"] if not cfg.sft.full else None,
         "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
         "logprob_chunk": cfg.train.logprob_chunk,
@@ -277,6 +333,8 @@ def run_sft(cfg: Config) -> Path:
     """Build the warm start into <run_dir>/warm_start (replacing what is there) and return that folder."""
     from seal_mini.engine.policy import add_lora, load_backbone
 
+    out = warm_start_dir(cfg)
+    cfg = warm_start_config(cfg)
     started = time.perf_counter()
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -298,7 +356,6 @@ def run_sft(cfg: Config) -> Path:
     log = train_model(model, demos, cfg, device)
     model = _merged(model, cfg)
 
-    out = warm_start_dir(cfg)
     seconds = round(time.perf_counter() - started, 1)
     with new_dir(out) as tmp:
         model.save_pretrained(str(tmp))

@@ -73,7 +73,7 @@ from seal_mini.engine.device import MemoryLimits, release_memory
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy, save_adapter
 from seal_mini.engine.rollout import run_rollouts
-from seal_mini.engine.sequences import Trajectory, sample_numbers
+from seal_mini.engine.sequences import Trajectory, sample_numbers, scored_temperature
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.splits import load_split, pick
@@ -282,14 +282,15 @@ def _accumulate(policy, trajectories: list[Trajectory], advantages: torch.Tensor
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
+    temperature = scored_temperature(cfg.rollout.temperature)  # the distribution the rollouts drew from
     sums: dict[str, float] = {}
     for m in range(0, len(trajectories), micro_batch):
         ids, attention, mask, old = collate(trajectories[m : m + micro_batch], policy.device)
         ref = None
         if tc.kl_coef > 0:
             with torch.no_grad(), policy.reference():
-                ref = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
-        logp = token_logprobs(model, ids, attention, mask, chunk)  # (b, T)
+                ref = token_logprobs(model, ids, attention, mask, chunk, temperature)  # (b, T)
+        logp = token_logprobs(model, ids, attention, mask, chunk, temperature)  # (b, T)
         micro_adv = advantages[m : m + micro_batch].to(policy.device)  # (b,)
         divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm)  # (b,)
         loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
@@ -320,13 +321,14 @@ def recompute_old_logprobs(
 
 def _recompute(policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config) -> list[Trajectory]:
     micro_batch, chunk = update_limits(policy.limits, cfg.train)
+    temperature = scored_temperature(cfg.rollout.temperature)
     out = list(trajectories)
     with torch.no_grad():
         for mini in minis:
             for m in range(0, len(mini), micro_batch):
                 part = mini[m : m + micro_batch]
                 ids, attention, mask, _ = collate([trajectories[i] for i in part], policy.device)
-                logp = token_logprobs(policy.model, ids, attention, mask, chunk).cpu()  # (b, T)
+                logp = token_logprobs(policy.model, ids, attention, mask, chunk, temperature).cpu()  # (b, T)
                 for row, i in enumerate(part):
                     n = len(trajectories[i].input_ids)
                     out[i] = replace(trajectories[i], old_logprobs=logp[row, :n].tolist())
@@ -403,11 +405,13 @@ def check_finite_weights(policy, what: str) -> None:
         )
 
 
-LOOP_VERSION = 2
+LOOP_VERSION = 3
 """What a checkpoint's loop is. A change that would make a resumed run differ from the one that wrote the
 checkpoint (which tasks a step draws, which rho weighs a round, what the prompts say) raises it, and a
 checkpoint of another version is refused rather than continued as a different run. 2: whole epochs, rho_t
-from the round's own profile, the interface's note after the template's default system text."""
+from the round's own profile, the interface's note after the template's default system text. 3: log-probs
+of the rollouts' temperature (logits / T), calls on a turn that needs none labelled spurious_tool_call, an
+unreadable message the interface let the model retry out of the loss."""
 
 
 def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopState) -> None:

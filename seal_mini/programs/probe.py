@@ -1,0 +1,207 @@
+"""`python -m seal_mini probe RECIPE [key=value ...]`: what RL will start from, measured on the recipe's warm start.
+
+Before a run (or a sweep) is worth its minutes, its starting point must give SEAL something to work with:
+groups with mixed rewards (else every advantage is 0), failures the diagnoser names in several labels with
+different rho (else the weights only rescale each group), successes without failure labels (else a weight
+above 1 reinforces what a label names), and cues that change what the backbone does (else the interface
+cannot act). The probe plays the first training step's sampling on the first `--tasks` training tasks of
+epoch 0 (same streams as step 0 of a run of that seed, the bare environment a closed loop starts with),
+one greedy episode per task, and then the same sampled episodes with each cue forced on alone. It prints
+the figures beside the targets a practice recipe is calibrated to, and writes <run_dir>/probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+from seal_mini.config import Config, load_config
+from seal_mini.core.diagnose import diagnose, failure_profile, trajectory_profile
+from seal_mini.core.grpo import diagnostic_weights, group_advantages
+from seal_mini.core.interface import ERROR_TRIGGERS, GUIDELINES, SCHEMA_TRIGGERS, InterfaceState
+from seal_mini.engine.rollout import run_rollouts
+from seal_mini.envs.verifier import check_episode
+from seal_mini.labels import FAILURE_LABELS
+from seal_mini.runio import run_lock, write_json
+
+TARGETS = {
+    "sampled_success": (0.10, 0.25),
+    "greedy_success": (0.0, 0.10),
+    "mixed_groups": (0.60, 1.0),
+    "successes_with_a_failure_label": (0.0, 0.02),
+}
+"""What a practice recipe's warm start is calibrated to (closed intervals): sampled success leaves room to
+learn and gives signal, greedy (what held-in evaluation sees) starts low, most groups carry a gradient, and a
+success rarely carries a failure label."""
+
+
+def cue_states() -> dict[str, InterfaceState]:
+    """Each cue alone: the schema cues, error feedback (with its retry), each guideline."""
+    states = {
+        "schema_cues": InterfaceState(schema_cues=True),
+        "error_feedback": InterfaceState(error_feedback=True, parse_retry=True),
+    }
+    return states | {f"guidelines:{g}": InterfaceState(guidelines=[g]) for g in GUIDELINES}
+
+
+def cue_targets(name: str) -> tuple[str, ...]:
+    """The labels a cue is meant to lower (the ones whose failures switch it on)."""
+    if name == "schema_cues":
+        return SCHEMA_TRIGGERS
+    if name == "error_feedback":
+        return ERROR_TRIGGERS
+    return (GUIDELINES[name.split(":", 1)[1]][0],)
+
+
+def play(policy, cfg: Config, tasks: list, temperature: float, group: int, state: InterfaceState | None) -> dict:
+    """`group` episodes per task (seeded as step 0 of the run), scored and diagnosed: rewards and labels."""
+    from seal_mini.training.train import make_env
+
+    envs = [make_env(task, cfg, state) for task in tasks for _ in range(group)]
+    run_rollouts(policy, envs, cfg.rollout, temperature, (cfg.seed, 0))
+    verdicts = [check_episode(env) for env in envs]
+    return {
+        "rewards": [v.reward for v in verdicts],
+        "labels": [diagnose(env, v) for env, v in zip(envs, verdicts, strict=True)],
+    }
+
+
+def label_rates(labels: list[list[str]]) -> dict[str, float]:
+    """Share of all turns per label."""
+    profile = failure_profile(labels, [0.0] * len(labels))
+    return {z: round(p["prevalence"], 4) for z, p in profile.items() if p["count"]}
+
+
+def start_figures(sampled: dict, greedy: dict, cfg: Config) -> dict:
+    """Sampled and greedy success, mixed groups, the label mix, and what the diagnostic weights do."""
+    G, rewards, labels = cfg.rollout.group_size, sampled["rewards"], sampled["labels"]
+    groups = [rewards[k : k + G] for k in range(0, len(rewards), G)]
+    successes = [z for r, z in zip(rewards, labels, strict=True) if r > 0]
+    adv, _ = group_advantages(rewards, G, cfg.train.adv_eps, cfg.train.adv_estimator)
+    weights, _ = diagnostic_weights(
+        [trajectory_profile(z) for z in labels], cfg.diagnosis.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max
+    )
+    weighted = adv * weights
+    cosine = float(torch.nn.functional.cosine_similarity(weighted, adv, dim=0)) if adv.abs().sum() > 0 else None
+    # the spread of the failed episodes' weights inside each group (what reweighting changes within a group)
+    spreads = []
+    for k in range(0, len(rewards), G):
+        failed = [float(weights[j]) for j in range(k, k + G) if rewards[j] == 0]
+        if len(failed) >= 2:
+            spreads.append(statistics.pstdev(failed))
+    return {
+        "episodes": len(rewards),
+        "sampled_success": round(sum(rewards) / len(rewards), 4),
+        "greedy_success": round(sum(greedy["rewards"]) / len(greedy["rewards"]), 4),
+        "mixed_groups": round(sum(len(set(g)) > 1 for g in groups) / len(groups), 4),
+        "successes_with_a_failure_label": round(
+            sum(any(z in FAILURE_LABELS for z in s) for s in successes) / len(successes), 4
+        )
+        if successes
+        else None,
+        "labels": label_rates(labels),
+        "greedy_labels": label_rates(greedy["labels"]),
+        "failed_weight_sd_within_group": round(statistics.fmean(spreads), 4) if spreads else None,
+        "weights_mean": round(float(weights.mean()), 4),
+        "weighted_vs_plain_advantage_cosine": round(cosine, 4) if cosine is not None else None,
+    }
+
+
+def cue_figures(policy, cfg: Config, tasks: list, bare: dict) -> dict:
+    """Per cue, forced on alone on the same streams as the bare episodes: success and its targeted labels."""
+    out = {}
+    for name, state in cue_states().items():
+        on = play(policy, cfg, tasks, cfg.rollout.temperature, cfg.rollout.group_size, state)
+        targets = cue_targets(name)
+        diffs = [a - b for a, b in zip(on["rewards"], bare["rewards"], strict=True)]
+        out[name] = {
+            "success_off": round(statistics.fmean(bare["rewards"]), 4),
+            "success_on": round(statistics.fmean(on["rewards"]), 4),
+            "success_change_ci95": _mean_ci(diffs),
+            "targets": list(targets),
+            "target_rate_off": round(_share(bare["labels"], targets), 4),
+            "target_rate_on": round(_share(on["labels"], targets), 4),
+            "labels_on": label_rates(on["labels"]),
+        }
+        print(
+            f"[probe] {name:<40} success {out[name]['success_off']:.3f} -> {out[name]['success_on']:.3f}; "
+            f"{'/'.join(targets)} {out[name]['target_rate_off']:.3f} -> {out[name]['target_rate_on']:.3f} of turns",
+            flush=True,
+        )
+    return out
+
+
+def _share(labels: list[list[str]], targets: tuple[str, ...]) -> float:
+    """Share of all turns whose label is one of `targets`."""
+    return sum(z in targets for zs in labels for z in zs) / sum(len(zs) for zs in labels)
+
+
+def _mean_ci(diffs: list[float]) -> list[float]:
+    """Mean and a normal 95% interval of paired differences (one per episode; many episodes)."""
+    m = statistics.fmean(diffs)
+    half = 1.96 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    return [round(m, 4), round(m - half, 4), round(m + half, 4)]
+
+
+def _verdict(name: str, value) -> str:
+    low, high = TARGETS[name]
+    return "-" if value is None else ("ok" if low <= value <= high else f"outside [{low}, {high}]")
+
+
+def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
+    """The figures of the recipe's warm start (built first if it is not there)."""
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.envs.splits import load_split, pick
+    from seal_mini.training.train import tasks_for_step
+
+    if cfg.sft.enabled:
+        from seal_mini.training.sft import ensure_warm_start
+
+        ensure_warm_start(cfg)
+    started = time.perf_counter()
+    train_tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
+    tasks = tasks_for_step(train_tasks, 0, len(train_tasks), cfg.seed)[:n_tasks]  # epoch 0's order
+    torch.manual_seed(cfg.seed)
+    policy = load_policy(cfg)
+    sampled = play(policy, cfg, tasks, cfg.rollout.temperature, cfg.rollout.group_size, None)
+    greedy = play(policy, cfg, tasks, 0.0, 1, None)
+    result = {"tasks": len(tasks), "group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature}
+    result |= start_figures(sampled, greedy, cfg)
+    for name in TARGETS:
+        print(f"[probe] {name:<32} {result[name]}  ({_verdict(name, result[name])})")
+    print(f"[probe] labels (share of turns): {result['labels']}")
+    print(
+        f"[probe] failed episodes' weight sd within a group {result['failed_weight_sd_within_group']}; "
+        f"cosine(weighted, plain advantages) {result['weighted_vs_plain_advantage_cosine']}"
+    )
+    if cues:
+        result["cues"] = cue_figures(policy, cfg, tasks, sampled)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m seal_mini probe", description=__doc__.split("\n")[0])
+    parser.add_argument("recipe", help="recipes/X.yaml")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value")
+    parser.add_argument("--tasks", type=int, default=64, help="training tasks to play (epoch 0's first N)")
+    parser.add_argument("--no-cues", action="store_true", help="skip forcing each cue on (the slow part)")
+    args = parser.parse_args(argv)
+    if args.tasks < 1:
+        parser.error("--tasks must be >= 1")
+    cfg = load_config(args.recipe, args.overrides)
+    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it may build the warm start there
+        result = probe(cfg, args.tasks, not args.no_cues)
+        write_json(cfg.run_dir / "probe.json", result)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

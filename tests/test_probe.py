@@ -1,0 +1,51 @@
+"""The probe: what RL starts from, by hand on made-up episodes and end to end on a small warm start."""
+
+import pytest
+
+from seal_mini.config import load_config
+from seal_mini.programs import probe
+
+
+def test_start_figures_by_hand():
+    cfg = load_config(None, ["rollout.group_size=4"])
+    # group 1: two successes, two failures with different labels (rho 1.5 and 1.0); group 2: all fail
+    labels = [["pass", "pass"], ["pass", "pass"], ["missing_tool_call", "pass"], ["state_mismatch", "pass"]]
+    labels += [["missing_tool_call", "pass"]] * 4
+    sampled = {"rewards": [1.0, 1.0, 0.0, 0.0] + [0.0] * 4, "labels": labels}
+    greedy = {"rewards": [0.0, 1.0], "labels": [["missing_tool_call", "pass"], ["pass", "pass"]]}
+    f = probe.start_figures(sampled, greedy, cfg)
+    assert f["sampled_success"] == 0.25 and f["greedy_success"] == 0.5 and f["mixed_groups"] == 0.5
+    assert f["successes_with_a_failure_label"] == 0.0
+    assert f["labels"]["missing_tool_call"] == pytest.approx(5 / 16, abs=1e-4)
+    # weights: 1.0 for the successes, (1.5 + 1) / 2 = 1.25 and (1.0 + 1) / 2 = 1.0 for group 1's failures; the
+    # spread of the failed weights: group 1 sd(1.25, 1.0) = 0.125, group 2 (all 1.25) 0
+    assert f["failed_weight_sd_within_group"] == pytest.approx(0.0625)
+    # advantages of group 1 (Bessel std 0.577): +-0.866; weighted: 0.866, 0.866, -1.0825, -0.866
+    plain, weighted = [0.866, 0.866, -0.866, -0.866], [0.866, 0.866, -1.0825, -0.866]
+    dot = sum(a * b for a, b in zip(plain, weighted, strict=True))
+    norm = (sum(a * a for a in plain) * sum(b * b for b in weighted)) ** 0.5
+    assert f["weighted_vs_plain_advantage_cosine"] == pytest.approx(dot / norm, abs=1e-3)
+
+
+def test_each_cue_alone_and_its_target_labels():
+    states = probe.cue_states()
+    assert states["error_feedback"].parse_retry and not states["schema_cues"].guidelines
+    assert probe.cue_targets("guidelines:act_when_a_tool_fits") == ("missing_tool_call",)
+    assert probe.cue_targets("schema_cues") == ("argument_mismatch", "invalid_tool_call")
+    assert all(s.active for s in states.values())
+
+
+def test_probe_command_on_a_small_warm_start(tmp_path, capsys):
+    from seal_mini.runio import read_json
+
+    overrides = [f"out_dir={tmp_path}", "data.max_train_tasks=8", "data.max_eval_tasks=4", "sft.tasks_per_category=0"]
+    overrides += ["sft.epochs=1", "model.scratch.hidden=32", "model.scratch.layers=1", "model.scratch.vocab=600"]
+    overrides += ["rollout.group_size=2", "rollout.max_new_tokens=24"]
+    assert probe.main(["recipes/cpu_learn.yaml", *overrides, "--tasks", "3"]) == 0
+    result = read_json(tmp_path / "cpu_learn" / "probe.json")
+    assert result["tasks"] == 3 and result["episodes"] == 6
+    assert set(result["cues"]) == set(probe.cue_states())
+    for figures in result["cues"].values():
+        assert 0.0 <= figures["target_rate_on"] <= 1.0 and figures["success_off"] == result["sampled_success"]
+    out = capsys.readouterr().out
+    assert "sampled_success" in out and "guidelines:cautious_call" in out
