@@ -166,7 +166,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--domains", help="tau2: retail,airline,telecom; bfcl_v4_memory: kv,rec_sum,vector (default: the recipe's ood)"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
         args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     cfg = load_config(args.recipe, args.overrides)

@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ranks", type=int, default=2, help="ranks: processes of the data-parallel run")
     parser.add_argument("--repeats", type=int, default=2, help="ranks: runs of each, alternating")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.which == "ranks":
         result = bench_ranks(args.ranks, args.repeats, args.overrides)
     else:

@@ -453,7 +453,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     parser.add_argument("--gpu-mem-gb", type=float, default=0.0, help="use at most this much GPU memory")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     cfg = load_config(args.recipe, args.overrides)
     result, problems = preflight(cfg, args.gpu_mem_gb)
     for line in problems:

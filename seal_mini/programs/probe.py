@@ -192,7 +192,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     parser.add_argument("--tasks", type=int, default=64, help="training tasks to play (epoch 0's first N)")
     parser.add_argument("--no-cues", action="store_true", help="skip forcing each cue on (the slow part)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.tasks < 1:
         parser.error("--tasks must be >= 1")
     cfg = load_config(args.recipe, args.overrides)

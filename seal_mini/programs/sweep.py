@@ -301,7 +301,7 @@ def main(argv: list[str]) -> int:
         default="shared",
         help="shared: every seed starts from one warm start (the recipe's seed), so seeds differ in RL alone",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.seeds < 1:
         raise ConfigError("sweep: --seeds must be >= 1")
     if args.last < 1:

@@ -388,7 +388,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     parser.add_argument("--rebuild", action="store_true", help="build it again even if an identical one exists")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     cfg = load_config(args.recipe, [*args.overrides, "sft.enabled=true"])
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it writes into the run directory
         path = run_sft(cfg) if args.rebuild else ensure_warm_start(cfg)

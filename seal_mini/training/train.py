@@ -831,7 +831,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--restart", action="store_true", help="move what the run directory holds aside, start at step 0"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
         args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     if args.resume:
