@@ -407,7 +407,7 @@ def _failing_read(task, p, turn, rng):
     skipped = [
         (i, j)
         for i, c in enumerate(p[turn][:-1])
-        if not c.changes_state
+        if not c.changes_state and not _needed_by(task, p, turn, i, state_changing=True)  # only reads miss it
         for j in _needed_by(task, p, turn, i, state_changing=False)
         if _run_turn(task, p, turn, _without(calls, i))[0][j - 1][1]  # the read then fails
     ]
