@@ -150,3 +150,19 @@ def test_a_narrower_world_picks_tasks_without_changing_them(tmp_path):
     assert all(
         practice.task(i).involved_classes == ["MathAPI"] for i in load_split(load_config(None, only_base))["train"]
     )
+
+
+def test_making_practice_tasks_leaves_bfcls_tool_docs_as_they_are():
+    """The practice docs write enums out as JSON schema; BFCL's own docs (shared in one process with the BFCL
+    tasks and their prompts) must not change when practice tasks are made."""
+    import copy
+
+    from seal_mini.envs.bfcl import tool_docs
+    from seal_mini.envs.practice import DOMAINS
+
+    before = {d.cls: copy.deepcopy(tool_docs(d.cls)) for d in DOMAINS}
+    for category in ("base", "long_context"):
+        for n in range(60):
+            practice.task(practice.task_id(0, "train", category, n))
+    assert {d.cls: tool_docs(d.cls) for d in DOMAINS} == before
+    assert not any('"enum"' in json.dumps(docs) for docs in before.values())

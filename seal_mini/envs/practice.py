@@ -94,7 +94,10 @@ def compact_doc(doc: dict) -> dict:
             spec["description"] = enum.group(0)
             # the same values as a JSON-schema enum (on the items of an array), so an argument outside them is a
             # schema violation the diagnoser names (argument_mismatch) and the schema cue can show
-            target = spec.setdefault("items", {}) if spec.get("type") == "array" else spec
+            if spec.get("type") == "array":  # a copy: the items dict is BFCL's own doc, shared with its tasks
+                spec["items"] = target = dict(spec.get("items", {}))
+            else:
+                target = spec
             target["enum"] = json.loads(enum.group(1))
         properties[name] = spec
     out = {"type": params.get("type", "dict"), "properties": properties}
