@@ -55,7 +55,7 @@ class Console:
     def reset(self) -> tuple[list[dict], list[dict]]:
         messages, tools = self.env.reset()
         self.out(
-            f"[task] {self.env.task.id}: {len(tools)} tools offered ({', '.join(t['function']['name'] for t in tools)})"
+            f"[task] {self.env.task.id}: {len(tools)} tools offered ({', '.join(t.get('function', t)['name'] for t in tools)})"
         )
         return self._user_turn(messages), tools
 
