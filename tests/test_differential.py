@@ -48,7 +48,7 @@ def test_kit_and_bfcl_agree_on_every_episode_of_all_800_tasks(capsys):
     assert kinds["broken_only_call"]["bfcl_passed"] == kinds["broken_only_call"]["episodes"]
     assert kinds["step_limit_in_last_turn"]["bfcl_passed"] == 800
     assert kinds["large_integer"]["bfcl_passed"] > 0  # the kit once refused these
-    assert kinds["explicit_empty_lists_after_shared_default_grew"]["bfcl_passed"] > 100
+    assert kinds["explicit_empty_lists_after_shared_default_grew"]["bfcl_passed"] > 30  # of the 79 that post
     assert kinds["mention_own_default_post"]["bfcl_passed"] > 0
 
 
