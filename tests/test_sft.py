@@ -360,6 +360,7 @@ def test_episode_draws_make_a_fault_a_tendency_of_the_whole_demonstration():
     assert any(len(set(k)) > 1 for k in per_turn)  # drawn per turn, a demonstration mixes both
 
 
+@pytest.mark.slow  # builds two warm starts: minutes on two cores
 def test_a_cue_shown_lowers_its_fault_in_a_warm_start_built_at_c_above_0_and_not_at_c_0(tmp_path):
     """The property sft.cue_compliance gives the practice backbone, measured on small warm starts (math tasks,
     half the turns that need a call answered "Done.", every demonstration shown some cues): forcing
