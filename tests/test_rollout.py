@@ -195,14 +195,21 @@ def sampled(policy):
     return first, again, other, stats
 
 
+def padded(trajs) -> tuple[torch.Tensor, ...]:
+    """Trajectories as right-padded tensors: input ids, attention mask, loss mask, sampling-time log-probs."""
+    width = max(len(t.input_ids) for t in trajs)
+    pad = lambda xs, v: torch.tensor([x + [v] * (width - len(x)) for x in xs])  # noqa: E731
+    return (
+        pad([t.input_ids for t in trajs], 0),
+        pad([[1] * len(t.input_ids) for t in trajs], 0),
+        pad([t.loss_mask for t in trajs], 0),
+        pad([t.old_logprobs for t in trajs], 0.0),
+    )
+
+
 def test_training_forward_reproduces_sampling_time_log_probs(policy, sampled):
     trajs = sampled[0]
-    width = max(len(t.input_ids) for t in trajs)
-    pad = lambda xs, v: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
-    ids = torch.tensor(pad([t.input_ids for t in trajs], 0))
-    attention = torch.tensor(pad([[1] * len(t.input_ids) for t in trajs], 0))
-    loss_mask = torch.tensor(pad([t.loss_mask for t in trajs], 0))
-    old = torch.tensor(pad([t.old_logprobs for t in trajs], 0.0))
+    ids, attention, loss_mask, old = padded(trajs)
     with torch.no_grad():
         new = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64)
     diff = (new - old).abs().max().item()
@@ -215,12 +222,7 @@ def test_old_log_probs_score_the_tempered_distribution_the_sampler_drew_from(pol
     forward at that temperature reproduces them; at temperature 1 it does not."""
     envs = [Episode(TASKS[i]) for i in ("multi_turn_base_50", "multi_turn_miss_func_50")]
     trajs = run_rollouts(policy, envs, rollout_cfg(max_new_tokens=24), 0.7, 7)
-    width = max(len(t.input_ids) for t in trajs)
-    pad = lambda xs, v: [x + [v] * (width - len(x)) for x in xs]  # noqa: E731
-    ids = torch.tensor(pad([t.input_ids for t in trajs], 0))
-    attention = torch.tensor(pad([[1] * len(t.input_ids) for t in trajs], 0))
-    loss_mask = torch.tensor(pad([t.loss_mask for t in trajs], 0))
-    old = torch.tensor(pad([t.old_logprobs for t in trajs], 0.0))
+    ids, attention, loss_mask, old = padded(trajs)
     with torch.no_grad():
         tempered = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64, temperature=0.7)
         plain = token_logprobs(policy.model, ids, attention, loss_mask, chunk=64)
