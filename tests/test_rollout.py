@@ -156,11 +156,11 @@ def test_response_budget_truncates_in_mid_message(policy):
 class Breaks(Episode):
     """An environment with a defect: its step raises on the second message (Episode.step never should)."""
 
-    def step(self, text, retry_unreadable=False):
+    def step(self, text):
         self.messages_seen = getattr(self, "messages_seen", 0) + 1
         if self.messages_seen == 2:
             raise RecursionError("maximum recursion depth exceeded")
-        return super().step(text, retry_unreadable)
+        return super().step(text)
 
 
 def test_an_environment_that_raises_ends_its_episode_not_the_rollouts(policy, capsys):

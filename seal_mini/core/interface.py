@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from seal_mini.config import ConfigError, InterfaceConfig
 from seal_mini.engine.render import KEEP_DEFAULT_SYSTEM
 from seal_mini.envs.bfcl import to_chat_tool
-from seal_mini.envs.episode import CallEvent, Episode, StepResult, TurnRecord
+from seal_mini.envs.episode import CallEvent, Episode, StepResult
+from seal_mini.envs.harness import decode, unread_blocks
 from seal_mini.labels import REGISTRY, require_labels
 
 # --- LEARNER EDIT POINT: the cue texts ------------------------------------------------------------
@@ -312,6 +313,13 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 # --- the wrapper ------------------------------------------------------------------------------------
 
 
+def _unreadable(text: str | bytes) -> list[tuple[str | None, str]]:
+    """(name, problem) of each <tool_call> block BFCL cannot read, when the message has no call it can read
+    (BFCL ends the turn on it); [] otherwise."""
+    decoded = decode(text)
+    return unread_blocks(decoded) if decoded.ends_turn else []
+
+
 class Interface:
     """An Episode seen through Omega_t. Same API as Episode; overrides only reset and step."""
 
@@ -333,9 +341,13 @@ class Interface:
         return messages, tools
 
     def step(self, text: str | bytes) -> StepResult:
-        """The bare step (with parse_retry: an unreadable call is retried, not the end of the turn);
-        errors get feedback, tools revealed later get the schema marks."""
-        result = self.env.step(text, retry_unreadable=self.state.parse_retry)
+        """The bare step, except that with parse_retry a message whose calls cannot be read at all goes back
+        to the model with the error instead of ending the turn (BFCL ends it); errors get feedback, tools
+        revealed later get the schema marks."""
+        if self.state.parse_retry and not self.env.done and (unread := _unreadable(text)):
+            result = self.env.send_back(unread, "Error: " + "; ".join(problem for _, problem in unread))
+        else:
+            result = self.env.step(text)
         if not (self.state.error_feedback or self.state.schema_cues):
             return result
         observation = [dict(m) for m in result.observation]
@@ -345,35 +357,9 @@ class Interface:
             self._annotate_reveal(observation)
         return replace(result, observation=observation)
 
-    # -- passed through unchanged ------------------------------------------------------------------
-
-    def truncate(self) -> None:
-        self.env.truncate()
-
-    def turn_records(self) -> list[TurnRecord]:
-        return self.env.turn_records()
-
-    def checker_input(self) -> list[list[list[str]]]:
-        return self.env.checker_input()
-
-    @property
-    def task(self):
-        return self.env.task
-
-    @property
-    def done(self) -> bool:
-        return self.env.done
-
-    @property
-    def ended_by(self) -> str:
-        return self.env.ended_by
-
-    @property
-    def turn_states(self) -> list[dict]:
-        return self.env.turn_states
-
     def __getattr__(self, name: str):
-        # Any other public Episode attribute reads through, as a Gymnasium wrapper does.
+        # Everything else (done, task, truncate, turn_records, checker_input, ...) is the episode's own, read
+        # through as a Gymnasium wrapper does: the interface overrides only reset and step.
         if name.startswith("_") or name == "env":
             raise AttributeError(name)
         return getattr(self.env, name)

@@ -12,8 +12,8 @@ The episode records, per user turn, every decoded call in the form BFCL's scorer
 the reward (seal_mini.envs.verifier) is the official checker's verdict on exactly what BFCL would score. It
 also records what BFCL drops without a word (<tool_call> blocks its decoder could not read) and each
 call's schema problems: evidence for the diagnoser and the training interface, never a change to what
-runs. The training interface may ask `step` to let the model retry after an unreadable call
-(`retry_unreadable`); the benchmark never does.
+runs. The training interface may send an unreadable message back instead of stepping it (`send_back`,
+its parse_retry); the benchmark never does.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class TurnRecord:
     final_text: str = ""
     """The message that ended the turn, as BFCL keeps it (empty if it did not end by NO_CALL)."""
     retried: int = 0
-    """Unreadable call messages the training interface let the model retry (always 0 in evaluation)."""
+    """Unreadable call messages the training interface sent back for another try (always 0 in evaluation)."""
 
 
 @dataclass
@@ -172,36 +172,41 @@ class Episode:
         first = self._begin_turn(0)
         return first, copy.deepcopy(self.task.tools)
 
-    def step(self, text: str | bytes, retry_unreadable: bool = False) -> StepResult:
-        """Run one assistant message as BFCL's inference loop does. Never raises for anything the model wrote.
-
-        retry_unreadable (training interface only): a message whose <tool_call> blocks BFCL cannot read
-        gets an error observation and the turn stays open, instead of ending it as BFCL does."""
+    def step(self, text: str | bytes) -> StepResult:
+        """Run one assistant message as BFCL's inference loop does. Never raises for anything the model wrote."""
         if self.done:
             raise RuntimeError("step() after the episode ended; call reset()")
         turn = self.turns[-1]
-        retried = turn.retried
-        result = self._step(turn, text, retry_unreadable)
-        if not self.done and turn.retried == retried and unwritable(text):
+        result = self._step(turn, text)
+        if not self.done and unwritable(text):
             # BFCL's chat history keeps this message's calls as its decoder found them, and its prompt
             # cannot write one of them: its loop stops the entry with an error at the next query, which
             # its scorer fails (a message with no later query does no harm)
             return self._end_episode(result.observation, result.events, INFERENCE_ERROR)
         return result
 
-    def _step(self, turn: TurnRecord, text: str | bytes, retry_unreadable: bool) -> StepResult:
+    def send_back(self, unread: list[tuple[str | None, str]], feedback: str) -> StepResult:
+        """An unreadable message the training interface returns to the model instead of stepping it (its
+        parse_retry; BFCL would end the turn). Nothing runs; `unread` ((name, problem) per block) is
+        recorded as parse errors, `feedback` comes back as a tool message, the turn stays open, and the
+        attempt counts toward the turn's limits as a message with calls does."""
+        if self.done:
+            raise RuntimeError("send_back() after the episode ended; call reset()")
+        turn = self.turns[-1]
+        events = [CallEvent(turn.messages, name, None, "parse", problem) for name, problem in unread]
+        turn.messages += 1
+        turn.events += events
+        turn.retried += 1
+        result = self._after_tool_message(turn, [{"role": "tool", "name": "", "content": feedback}], events)
+        result.retried = True
+        return result
+
+    def _step(self, turn: TurnRecord, text: str | bytes) -> StepResult:
         step_index = turn.messages
         turn.messages += 1
         decoded = decode(text)
         unread = [CallEvent(step_index, name, None, "parse", problem) for name, problem in unread_blocks(decoded)]
         if decoded.ends_turn:
-            if retry_unreadable and unread:
-                turn.events += unread
-                turn.retried += 1
-                message = "Error: " + "; ".join(e.error for e in unread)
-                result = self._after_tool_message(turn, [{"role": "tool", "name": "", "content": message}], unread)
-                result.retried = True
-                return result
             turn.events += unread
             turn.ended_by = NO_CALL
             turn.final_text = decoded.text
