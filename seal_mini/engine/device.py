@@ -7,7 +7,8 @@ Everything here is about the machine, not the method:
   compute_dtype    bfloat16 only on GPUs with bf16 arithmetic (Ampere and newer); the reason is printed.
   free_bytes       GPU memory this process may still use, within the cap `cap_memory` sets (preflight
                    uses it to stand a large card in for a 16 or 24 GB one).
-  release_memory   give memory back after an out-of-memory error, before a smaller try.
+  until_it_fits    the one out-of-memory retry: try, and after an out-of-memory error free the memory,
+                   shrink a setting and try again (rollout waves and the update both use it).
   MemoryLimits     the smaller settings such an error left, for the rest of the process.
 The CUDA allocator setting the command line starts with is in seal_mini/__main__.py.
 """
@@ -17,7 +18,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed
@@ -157,6 +160,23 @@ def release_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+T = TypeVar("T")
+
+
+def until_it_fits(attempt: Callable[[], T], shrink: Callable[[], None], device: torch.device) -> T:
+    """attempt() until it runs without a CUDA out-of-memory error. After such an error the failed try's
+    tensors go (leaving the except block drops its traceback), shrink() drops what else the try left and
+    makes the next try smaller (it remembers the smaller setting in a MemoryLimits and says what shrank, or
+    raises a ConfigError naming what to lower when nothing is left to shrink), and the cache is freed."""
+    while True:
+        try:
+            return attempt()
+        except torch.OutOfMemoryError:
+            pass
+        shrink()
+        release_memory(device)
 
 
 @dataclass

@@ -448,17 +448,10 @@ class _Engine:
         """Episodes that ended, by env index (kept when a later forward runs out of memory)."""
         self.started, self.sampled_before = time.perf_counter(), stats.model_tokens - stats.prefilled_tokens
 
-    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], slots: int, prefill: int, progress) -> bool:
-        """Run the episodes with this many slots; False if the GPU ran out of memory. Returning drops this
-        try's tensors (with its traceback), so the caller can free the memory before a smaller try."""
-        try:
-            batch = _Batch(self.policy, self.cfg, slots, prefill, self.temperature, self.stats)
-            self._run(envs, seeds, batch, progress)
-            return True
-        except torch.OutOfMemoryError:
-            return False
-
-    def _run(self, envs: dict[int, EnvLike], seeds: dict[int, int], batch: _Batch, progress) -> None:
+    def run(self, envs: dict[int, EnvLike], seeds: dict[int, int], slots: int, prefill: int, progress) -> None:
+        """Run the episodes with this many slots. An out-of-memory error leaves the episodes that ended
+        in self.finished; the caller runs the others again, smaller."""
+        batch = _Batch(self.policy, self.cfg, slots, prefill, self.temperature, self.stats)
         lives = [self.sequences.start(i, env, seeds[i], _Live) for i, env in envs.items()]
         for live in lives:
             if live.traj.truncated:  # its prompt alone was over the limits
@@ -554,15 +547,23 @@ def run_rollouts(
     policy.model.eval()  # no dropout while sampling; gradient checkpointing is off outside training
     started = time.perf_counter()
     finished: dict[int, Trajectory] = {}
+    used = slots
+
+    def wave() -> None:  # the episodes not finished yet, to their end
+        nonlocal used
+        todo = {i: env for i, env in enumerate(envs) if i not in finished}
+        used = min(slots, len(todo))
+        _Engine(policy, cfg_rollout, temperature, logits_hook, stats, finished).run(
+            todo, seeds, used, prefill, progress
+        )
+
+    def smaller() -> None:  # out of memory: the finished episodes stay, the others run again, smaller
+        nonlocal slots, prefill
+        stats.out_of_memory += 1
+        slots, prefill = _shrink_rollouts(used, prefill, len(envs) - len(finished), limits)
+
     try:
-        while len(finished) < len(envs):
-            todo = {i: env for i, env in enumerate(envs) if i not in finished}
-            used = min(slots, len(todo))
-            engine = _Engine(policy, cfg_rollout, temperature, logits_hook, stats, finished)
-            if not engine.run(todo, seeds, used, prefill, progress):  # out of memory: smaller, and again
-                devices.release_memory(policy.device)
-                stats.out_of_memory += 1
-                slots, prefill = _shrink_rollouts(used, prefill, len(envs) - len(finished), limits)
+        devices.until_it_fits(wave, smaller, policy.device)
     finally:
         policy.model.train(was_training)
     trajectories = [finished[i] for i in range(len(envs))]
