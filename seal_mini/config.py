@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from seal_mini import labels
+from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
 from seal_mini.runio import FileError, load_yaml, read_text, read_yaml
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -306,10 +307,6 @@ class InterfaceConfig:
         _check(self.top_k >= 0, f"{key}.top_k", "must be >= 0")
 
 
-# Named choices of the update (the math behind each name is in seal_mini/core/grpo.py, which refuses to
-# import unless its tables hold exactly these names).
-ADV_ESTIMATOR_NAMES = ("grpo", "dr_grpo", "rloo")
-LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 OLD_LOGPROBS_NAMES = ("sampled", "recompute")
 
 
@@ -341,7 +338,8 @@ class TrainConfig:
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
     adv_estimator: str = "grpo"
     """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
-    | rloo (r minus the mean of the group's other rewards). The diagnostic weight multiplies any of them."""
+    | rloo (r minus the mean of the group's other rewards), or any estimator added to seal_mini/estimators.py.
+    The diagnostic weight multiplies any of them."""
     loss_agg: str = "token_mean"
     """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
     mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
@@ -387,8 +385,8 @@ class TrainConfig:
         _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
         _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
         _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
-        _one_of(self.adv_estimator, ADV_ESTIMATOR_NAMES, f"{key}.adv_estimator")
-        _one_of(self.loss_agg, LOSS_AGG_NAMES, f"{key}.loss_agg")
+        _one_of(self.adv_estimator, tuple(ADVANTAGE_ESTIMATORS), f"{key}.adv_estimator")
+        _one_of(self.loss_agg, tuple(LOSS_AGGREGATIONS), f"{key}.loss_agg")
         _check(self.token_sum_norm >= 0, f"{key}.token_sum_norm", "must be >= 0 (0 = rollout.max_response_tokens)")
         _one_of(self.old_logprobs, OLD_LOGPROBS_NAMES, f"{key}.old_logprobs")
         _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
@@ -805,7 +803,7 @@ def saved_config(run_dir: str | Path) -> Config:
 
 # --- what a continuing run may change -----------------------------------------------------------
 
-MATH_FREE = {
+RESUME_MAY_CHANGE = {
     "rollout.kv_budget_gb": "memory for one rollout wave: how many episodes generate together, not what they are",
     "rollout.max_concurrent": "the same choice made directly: episodes per wave",
     "rollout.prefill_tokens": "how the prefill of prompts and tool results is cut into forward passes",
@@ -838,9 +836,9 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 
 
 def changed_settings(saved: Config, new: Config) -> tuple[dict, dict]:
-    """(math-free changes, other changes) from a run's saved config to a new one, each {key: (old, new)}."""
+    """(changes a continuing run may make, other changes) from a run's saved config to a new one, each {key: (old, new)}."""
     old, now = _leaves(saved.to_dict()), _leaves(new.to_dict())
     changed = {k: (old.get(k), now.get(k)) for k in sorted({*old, *now}) if old.get(k) != now.get(k)}
     changed = {k: v for k, v in changed.items() if k not in WHERE_IT_LIVES}
-    free = {k: v for k, v in changed.items() if k in MATH_FREE}
-    return free, {k: v for k, v in changed.items() if k not in MATH_FREE}
+    free = {k: v for k, v in changed.items() if k in RESUME_MAY_CHANGE}
+    return free, {k: v for k, v in changed.items() if k not in RESUME_MAY_CHANGE}

@@ -172,14 +172,14 @@ def _all_gather(obj, what: str) -> list:
     return out
 
 
-def share(n: int) -> list[int]:
+def rank_positions(n: int) -> list[int]:
     """The positions 0..n-1 this rank takes: every N-th, from its rank on (all of them in one process)."""
     return list(range(rank(), n, world_size()))
 
 
 def gather_in_order(items: list, positions: list[int], what: str = "gathering results") -> list:
     """Every rank's items, each put at its position: the whole list, as one process would have it, on
-    every rank. `positions` says where this rank's items stand (share() gives them)."""
+    every rank. `positions` says where this rank's items stand (rank_positions() gives them)."""
     assert len(items) == len(positions), f"{len(items)} items for {len(positions)} positions"
     if world_size() == 1:
         assert list(positions) == list(range(len(items))), "one process holds every position, in order"
@@ -194,8 +194,8 @@ def gather_in_order(items: list, positions: list[int], what: str = "gathering re
 def split_work(items: list, play: Callable[[list], list], what: str = "gathering results") -> list:
     """play(this rank's share of items) -> one result per item; returns every result in items' order, on
     every rank. In one process: play(items)."""
-    mine = share(len(items))
-    return gather_in_order(play([items[i] for i in mine]), mine, what)
+    local = rank_positions(len(items))
+    return gather_in_order(play([items[i] for i in local]), local, what)
 
 
 def all_reduce_sum(value: int | float, what: str = "summing over ranks") -> int | float:
@@ -241,7 +241,7 @@ def all_reduce_gradients(params: list[torch.nn.Parameter]) -> None:
             offset += p.numel()
 
 
-def on_main(fn: Callable, *args, what: str = "waiting for rank 0"):
+def from_rank0(fn: Callable, *args, what: str = "waiting for rank 0"):
     """fn(*args) run by rank 0 alone, its result (or its error) given to every rank: decisions that read
     or change the run directory (what to resume from, which work is done) are made once."""
     if world_size() == 1:
@@ -319,5 +319,5 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
             yield
         return
     with contextlib.ExitStack() as stack:
-        on_main(stack.enter_context, lock(run_dir, command), what="waiting for rank 0 to lock the run")
+        from_rank0(stack.enter_context, lock(run_dir, command), what="waiting for rank 0 to lock the run")
         yield

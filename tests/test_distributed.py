@@ -33,12 +33,12 @@ ENTRY = str(ROOT / "tests" / "torchrun_entry.py")
 def test_one_process_has_no_distributed_path():
     assert not dist.is_initialized()
     assert (distributed.rank(), distributed.world_size(), distributed.is_main()) == (0, 1, True)
-    assert distributed.share(5) == [0, 1, 2, 3, 4]
+    assert distributed.rank_positions(5) == [0, 1, 2, 3, 4]
     items = ["a", "b", "c"]
     assert distributed.gather_in_order(items, [0, 1, 2]) == items
     assert distributed.split_work(items, lambda part: [x.upper() for x in part]) == ["A", "B", "C"]
     assert distributed.all_reduce_sum(7) == 7 and distributed.all_reduce_sums({"x": 1.5}) == {"x": 1.5}
-    assert distributed.on_main(lambda a, b: a + b, 2, 3) == 5
+    assert distributed.from_rank0(lambda a, b: a + b, 2, 3) == 5
     distributed.check_same("settings", {"anything": 1})  # nothing to compare with
 
 
@@ -68,9 +68,9 @@ def _join(rank: int, folder: str) -> None:
 def _collectives(rank: int, folder: str) -> None:
     _join(rank, folder)
     try:
-        assert distributed.share(5) == ([0, 2, 4] if rank == 0 else [1, 3])
-        mine = distributed.share(5)
-        assert distributed.gather_in_order([f"item{p}" for p in mine], mine) == [f"item{p}" for p in range(5)]
+        assert distributed.rank_positions(5) == ([0, 2, 4] if rank == 0 else [1, 3])
+        local = distributed.rank_positions(5)
+        assert distributed.gather_in_order([f"item{p}" for p in local], local) == [f"item{p}" for p in range(5)]
         assert distributed.split_work(list("abcde"), lambda part: [x * 2 for x in part]) == [
             "aa",
             "bb",
@@ -87,9 +87,9 @@ def _collectives(rank: int, folder: str) -> None:
         distributed.all_reduce_gradients([a, b])
         assert torch.equal(a.grad, torch.tensor([1.0, 2.0, 3.0])) and torch.equal(b.grad, torch.ones(2, 2))
         # rank 0 decides, every rank gets its result, or its error
-        assert distributed.on_main(lambda: f"decided by {distributed.rank()}") == "decided by 0"
+        assert distributed.from_rank0(lambda: f"decided by {distributed.rank()}") == "decided by 0"
         with pytest.raises(ConfigError, match="only rank 0 saw this"):
-            distributed.on_main(_fail_on_main)
+            distributed.from_rank0(_fail_on_rank0)
         distributed.check_same("settings", {"train": {"lr": 0.01}})
         with pytest.raises(ConfigError, match=r"rank 1 runs with other settings than rank 0 \(train\.lr: 0\.02"):
             distributed.check_same("settings", {"train": {"lr": 0.01 if rank == 0 else 0.02}})
@@ -98,7 +98,7 @@ def _collectives(rank: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-def _fail_on_main():
+def _fail_on_rank0():
     raise ConfigError("only rank 0 saw this")
 
 
@@ -161,7 +161,7 @@ def _update_on_rank(rank: int, folder: str, nan_on_rank_1: bool = False) -> None
     """One update of the made-up round on this rank's share; its gradients and metrics go to rank{rank}.pt.
     nan_on_rank_1: episode 7, rank 1's and in mini-batch 1 (episodes 4-7), gets a NaN advantage there alone."""
     from seal_mini.engine.policy import load_policy
-    from seal_mini.training.train import update
+    from seal_mini.training.update import update
 
     _join(rank, folder)
     try:
@@ -170,11 +170,11 @@ def _update_on_rank(rank: int, folder: str, nan_on_rank_1: bool = False) -> None
         perturb(policy)
         trajs, adv = _round(policy, cfg.train.tasks_per_step, cfg.rollout.group_size)
         G = cfg.rollout.group_size
-        mine = [k * G + s for k in distributed.share(cfg.train.tasks_per_step) for s in range(G)]
+        local = [k * G + s for k in distributed.rank_positions(cfg.train.tasks_per_step) for s in range(G)]
         if nan_on_rank_1 and rank == 1:
             adv[7] = float("nan")
         recorder = Recorder(policy.trainable_parameters())
-        metrics = update(policy, recorder, NoSchedule(), [trajs[i] for i in mine], adv[mine], cfg, positions=mine)
+        metrics = update(policy, recorder, NoSchedule(), [trajs[i] for i in local], adv[local], cfg, positions=local)
         torch.save({"grads": recorder.grads, "metrics": metrics}, f"{folder}/rank{rank}.pt")
         dist.barrier()  # leave together: tearing down while the other rank still talks can abort it
     finally:
@@ -193,7 +193,7 @@ def test_two_ranks_sum_to_the_one_process_gradient(tmp_path):
     """Four tasks, two per mini-batch, over two ranks: each mini-batch's gradient is rank 0's part plus rank 1's,
     and one episode sampled nothing. Every optimizer step sees the gradient one process computes."""
     from seal_mini.engine.policy import load_policy
-    from seal_mini.training.train import update
+    from seal_mini.training.update import update
 
     mp.spawn(_update_on_rank, args=(str(tmp_path),), nprocs=2, join=True)
     two = torch.load(tmp_path / "rank0.pt")

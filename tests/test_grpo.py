@@ -5,8 +5,7 @@ import math
 import pytest
 import torch
 
-from seal_mini.config import DEFAULT_RHO
-from seal_mini.core import grpo
+from seal_mini.config import DEFAULT_RHO, ConfigError, DiagnosisConfig, load_config
 from seal_mini.core.grpo import (
     KL_CLAMP,
     LOG_RATIO_CLAMP,
@@ -17,6 +16,7 @@ from seal_mini.core.grpo import (
     policy_loss,
     weighted_advantages,
 )
+from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
 
 LN2 = math.log(2.0)
 LN15 = math.log(1.5)
@@ -124,7 +124,7 @@ def test_ema_rho_by_hand():
         "spurious_tool_call": {"count": 40, "prevalence": 0.5, "success_rate": 0.5},
     }
     prev = {"pass": 0.6, "state_mismatch": 1.0, "spurious_tool_call": 2.0, "missing_tool_call": 1.5}
-    rho, m = ema_rho(base, prev, profile)
+    rho, m = ema_rho(prev, profile, DiagnosisConfig(rho=base))
     # pass carries no failure to emphasise: it stays at its base value whatever the previous rho said
     assert rho["pass"] == 1.0
     assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * 1.15)  # 1.0375
@@ -132,7 +132,7 @@ def test_ema_rho_by_hand():
     assert rho["spurious_tool_call"] == 2.0
     assert m["rho/state_mismatch"] == pytest.approx(1.0375)
     # Without a previous rho the walk starts from the base.
-    rho0, _ = ema_rho(base, None, {})
+    rho0, _ = ema_rho(None, {}, DiagnosisConfig(rho=base))
     assert rho0 == base
 
 
@@ -145,16 +145,18 @@ def test_ema_rho_holds_pass_and_not_reached_at_their_base():
         # target 1.5 * (1 + 0.25 * 0.5 * 8/32) = 1.546875; rho 0.75 * 1.5 + 0.25 * 1.546875 = 1.51171875
         "missing_tool_call": {"count": 8, "prevalence": 0.25, "success_rate": 0.5},
     }
-    rho, m = ema_rho(base, None, profile)
+    rho, m = ema_rho(None, profile, DiagnosisConfig(rho=base))
     assert rho == {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": pytest.approx(1.51171875)}
     assert m["rho/pass"] == 1.0 and m["rho/not_reached"] == 1.0
-    rho, _ = ema_rho(base, {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": 1.5}, profile, held=())
+    rho, _ = ema_rho(
+        {"pass": 1.0, "not_reached": 1.0, "missing_tool_call": 1.5}, profile, DiagnosisConfig(rho=base), held=()
+    )
     assert rho["pass"] == pytest.approx(1.125)  # the same profile moves them once nothing is held
 
 
 def test_ema_rho_rejects_incomplete_profile():
     with pytest.raises(AssertionError, match="lacks"):
-        ema_rho({"pass": 1.0}, None, {"pass": {"count": 3}})
+        ema_rho(None, {"pass": {"count": 3}}, DiagnosisConfig(rho={"pass": 1.0}))
 
 
 # --- the loss ------------------------------------------------------------------------------------
@@ -285,7 +287,7 @@ def test_ema_rho_takes_the_diagnosers_profile_with_absent_labels():
 
     profile = failure_profile([["pass", "state_mismatch"], ["pass", "pass"]], [0.0, 1.0])
     assert profile["spurious_tool_call"]["success_rate"] is None  # absent labels carry no success rate
-    rho, _ = ema_rho(DEFAULT_RHO, None, profile)
+    rho, _ = ema_rho(None, profile, DiagnosisConfig())
     assert rho["spurious_tool_call"] == DEFAULT_RHO["spurious_tool_call"]
     # state_mismatch: 1 of 4 turns, success 0, count 1 -> target 1.0 * (1 + 0.25 * 1 * 1/32)
     assert rho["state_mismatch"] == pytest.approx(0.75 * 1.0 + 0.25 * (1 + 0.25 / 32))
@@ -327,13 +329,15 @@ def test_every_estimator_gives_flat_groups_exactly_zero_and_keeps_weight_signs(e
     assert float(weighted[6]) == pytest.approx(2 * float(adv[6])) and float(weighted[7]) < 0
 
 
-def test_unknown_estimator_and_incomplete_tables_are_refused(monkeypatch):
+def test_unknown_estimator_is_refused_and_the_config_offers_what_the_registry_declares():
     with pytest.raises(AssertionError, match="unknown estimator 'ppo'"):
         group_advantages([1, 0], 2, estimator="ppo")
-    # a choice the config lists but the table lacks fails at import, naming both places
-    monkeypatch.setattr(grpo, "ADVANTAGE_ESTIMATORS", {"grpo": grpo.grpo_advantages})
-    with pytest.raises(ImportError, match="ADVANTAGE_ESTIMATORS holds \\['grpo'\\] but seal_mini.config lists"):
-        grpo._check_tables()
+    # one declaration per choice (seal_mini/estimators.py): the config accepts exactly those names
+    for key, table in (("adv_estimator", ADVANTAGE_ESTIMATORS), ("loss_agg", LOSS_AGGREGATIONS)):
+        for name in table:
+            load_config(overrides=[f"train.{key}={name}"])
+        with pytest.raises(ConfigError, match=f"train.{key}: must be .* not 'ppo'"):
+            load_config(overrides=[f"train.{key}=ppo"])
 
 
 # --- loss aggregation (train.loss_agg) ------------------------------------------------------------

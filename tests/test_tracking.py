@@ -7,6 +7,7 @@ import pytest
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.runio import read_metrics
+from seal_mini.training import checkpoint as checkpoint_module
 from seal_mini.training import tracking
 from seal_mini.training import train as train_module
 from seal_mini.training.tracking import Tracker, check_backends, numeric
@@ -50,18 +51,18 @@ def test_tensorboard_scalars_equal_metrics_jsonl_across_a_resume(tmp_path, monke
     # Stop after step 2 was logged but before its checkpoint: the resumed run redoes step 2, and TensorBoard
     # must drop the first attempt's events for it, so every step appears once with metrics.jsonl's numbers.
     cfg = load_config("recipes/cpu_smoke.yaml", SMOKE + [f"out_dir={tmp_path}", "log.backends=[jsonl,tensorboard]"])
-    real_save = train_module.save_checkpoint
+    real_save = checkpoint_module.save_checkpoint
 
     def stop_before_third_checkpoint(run_dir, policy, optimizer, scheduler, state):
         if state.step == 3:
             raise KeyboardInterrupt
         real_save(run_dir, policy, optimizer, scheduler, state)
 
-    monkeypatch.setattr(train_module, "save_checkpoint", stop_before_third_checkpoint)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", stop_before_third_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         train_module.train(cfg)
     assert [s for s, _ in scalars(cfg.run_dir / "tensorboard")["charts/reward"]] == [0, 1, 2]
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", real_save)
     run_dir, _ = train_module.train(cfg, resume=True)
 
     assert len(read_metrics(run_dir)) == 3

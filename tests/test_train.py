@@ -10,14 +10,16 @@ from safetensors.torch import load_file
 from test_distributed import NoSchedule, Recorder, perturb
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.core.grpo import group_advantages
+from seal_mini.core.grpo import ema_rho, group_advantages
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.rollout import run_rollouts
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import Verdict
 from seal_mini.runio import read_jsonl_gz, read_metrics
+from seal_mini.training import checkpoint as checkpoint_module
 from seal_mini.training import train as train_module
+from seal_mini.training import update as update_module
 
 TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
 
@@ -107,7 +109,7 @@ def test_policy_gradient_learns_a_rewarded_output():
         if history[-1] >= 0.9:
             break
         adv, _ = group_advantages(rewards, [i // G for i in range(len(trajs))])
-        train_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
+        update_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
     print("success per step:", [round(h, 3) for h in history])
     assert history[0] < 0.3  # near chance (1/8) before training
     assert history[-1] >= 0.9
@@ -146,18 +148,18 @@ def test_resume_is_exact(tmp_path, monkeypatch):
 
     # the same run, interrupted right after the checkpoint of step 2, then resumed
     broken = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=resumed"])
-    real_save = train_module.save_checkpoint
+    real_save = checkpoint_module.save_checkpoint
 
     def save_then_stop(run_dir, policy, optimizer, scheduler, state):
         real_save(run_dir, policy, optimizer, scheduler, state)
         if state.step == 2:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         train_module.train(broken)
     assert len(read_metrics(broken.run_dir)) == 2
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", real_save)
     with pytest.raises(ConfigError, match="--resume"):
         train_module.train(broken)  # a fresh start over an existing run is refused
     train_module.train(broken, resume=True)
@@ -178,16 +180,16 @@ def test_resume_is_exact(tmp_path, monkeypatch):
 
 def stopped_after_the_first_checkpoint(cfg, monkeypatch) -> Path:
     """Run `cfg` until its first checkpoint is written, then stop as a Ctrl-C would; its state.json."""
-    real_save = train_module.save_checkpoint
+    real_save = checkpoint_module.save_checkpoint
 
     def save_then_stop(run_dir, policy, optimizer, scheduler, state):
         real_save(run_dir, policy, optimizer, scheduler, state)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         train_module.train(cfg)
-    monkeypatch.setattr(train_module, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", real_save)
     return cfg.run_dir / "checkpoint" / "step_0001" / "state.json"
 
 
@@ -205,7 +207,11 @@ def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(
     del state["rho"]["instance_mismatch"]  # what a checkpoint written before the label existed holds
     write_json(saved, state)
     train_module.train(cfg, resume=True)
-    assert "instance_mismatch" in read_json(cfg.run_dir / "rounds" / "step_0001.json")["rho"]
+    # round 1's rho moved from the checkpoint's, with the new label starting at its configured value
+    round1 = read_json(cfg.run_dir / "rounds" / "step_0001.json")
+    start = {**state["rho"], "instance_mismatch": cfg.diagnosis.rho["instance_mismatch"]}
+    expected, _ = ema_rho(start, round1["profile"], cfg.diagnosis)
+    assert round1["rho"] == pytest.approx(expected)
 
 
 def test_a_checkpoint_of_another_loop_version_is_refused_not_continued(tmp_path, monkeypatch):
@@ -217,19 +223,19 @@ def test_a_checkpoint_of_another_loop_version_is_refused_not_continued(tmp_path,
     cfg = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=v1", "train.steps=2"])
     saved = stopped_after_the_first_checkpoint(cfg, monkeypatch)
     state = read_json(saved)
-    assert state.pop("loop") == train_module.LOOP_VERSION
+    assert state.pop("loop") == checkpoint_module.LOOP_VERSION
     write_json(saved, state)
     with pytest.raises(ConfigError, match="loop version 1 .* --restart"):
         train_module.train(cfg, resume=True)
     train_module.train(cfg, restart=True)  # what the message offers works
-    assert read_json(cfg.run_dir / "checkpoint" / "step_0002" / "state.json")["loop"] == train_module.LOOP_VERSION
+    assert read_json(cfg.run_dir / "checkpoint" / "step_0002" / "state.json")["loop"] == checkpoint_module.LOOP_VERSION
 
 
 def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_path, monkeypatch):
     """diagnosis.rho_update=ema: step t diagnoses, profiles C_t, moves rho_{t-1} to rho_t with C_t, and only then
     weighs its trajectories, with rho_t (rounds/step_t.json records the rho the round weighed with)."""
     from seal_mini.core.diagnose import trajectory_profile
-    from seal_mini.core.grpo import diagnostic_weights, ema_rho
+    from seal_mini.core.grpo import diagnostic_weights
     from seal_mini.runio import read_json, read_jsonl_gz
 
     monkeypatch.setattr(train_module, "score", fake_score)
@@ -244,9 +250,7 @@ def test_moving_rho_weighs_each_round_with_the_rho_its_own_profile_gives(tmp_pat
     previous, lagged = dict(d.rho), 0
     for step in range(2):
         saved = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
-        rho, _ = ema_rho(
-            d.rho, previous, saved["profile"], d.rho_ema_decay, d.rho_ema_count_scale, d.rho_min, d.rho_max
-        )
+        rho, _ = ema_rho(previous, saved["profile"], d)
         assert saved["rho"] == rho  # rho_t comes from this round's profile C_t
         rows = read_jsonl_gz(cfg.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz")
         shares = [trajectory_profile(r["labels"]) for r in rows]
@@ -385,7 +389,7 @@ def test_a_non_finite_loss_skips_its_step_and_only_its_step(capsys):
     trajs, adv = _made_up_round(policy)
     adv[5] = float("nan")
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
-    m = train_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
+    m = update_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
     assert m["losses/optimizer_steps"] == 1 and m["losses/skipped_steps"] == 1
     assert all(math.isfinite(v) for v in m.values())  # the skipped mini-batch is left out of the averages
     assert "mini-batch 1 has a non-finite loss (nan)" in capsys.readouterr().err
@@ -409,7 +413,7 @@ def test_a_non_finite_gradient_skips_every_step_and_the_weights_stay():
     before = _weights(policy)
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr)
     scheduler = _no_schedule(optimizer)
-    m = train_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
+    m = update_module.update(policy, optimizer, scheduler, trajs, adv, cfg)
     assert m["losses/optimizer_steps"] == 0 and m["losses/skipped_steps"] == 2
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(policy), strict=True))
     assert scheduler.last_epoch == 0 and optimizer.state_dict()["state"] == {}
@@ -453,7 +457,7 @@ FIRST_RATIO = [
 
 def test_first_mini_batch_ratio_is_logged_and_is_exactly_one_with_recomputed_old_logprobs(monkeypatch):
     seen = []
-    real_loss = train_module.policy_loss
+    real_loss = update_module.policy_loss
 
     def spy(logprobs, old_logprobs, *args):
         seen.append((logprobs.detach().clone(), old_logprobs.clone(), args[2].bool()))  # args[2]: loss_mask
@@ -465,9 +469,9 @@ def test_first_mini_batch_ratio_is_logged_and_is_exactly_one_with_recomputed_old
         trajs, adv = _sampled_round(cfg, policy)
         optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
         seen.clear()
-        monkeypatch.setattr(train_module, "policy_loss", spy)
-        metrics[old, micro_batch] = train_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
-        monkeypatch.setattr(train_module, "policy_loss", real_loss)
+        monkeypatch.setattr(update_module, "policy_loss", spy)
+        metrics[old, micro_batch] = update_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg)
+        monkeypatch.setattr(update_module, "policy_loss", real_loss)
         if old == "recompute":  # every micro-batch of the first mini-batch: the same numbers, to the last bit
             first = seen[: 8 // micro_batch]
             assert all(torch.equal(logp[mask], o[mask]) for logp, o, mask in first)
@@ -492,7 +496,7 @@ def test_first_mini_batch_ratio_is_logged_and_is_exactly_one_with_recomputed_old
     for old in ("sampled", "recompute"):
         cfg, policy = _update_policy([f"train.old_logprobs={old}", "train.micro_batch=4"])
         trajs, adv = _made_up_round(policy)
-        m = train_module.update(policy, Recorder(policy.trainable_parameters()), NoSchedule(), trajs, adv, cfg)
+        m = update_module.update(policy, Recorder(policy.trainable_parameters()), NoSchedule(), trajs, adv, cfg)
         metrics[old, "made up"] = m
     print(
         {
@@ -515,20 +519,20 @@ def test_non_finite_weights_are_never_saved_nor_resumed_from(tmp_path):
     cfg, policy = _update_policy()
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
     scheduler = _no_schedule(optimizer)
-    train_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, train_module.LoopState(step=1))
+    checkpoint_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, checkpoint_module.LoopState(step=1))
     saved = tmp_path / "checkpoint" / "step_0001" / "adapter" / "adapter_model.safetensors"
     weights = load_file(str(saved))
     name = sorted(weights)[0]
     weights[name][0, 0] = float("inf")
     save_file(weights, str(saved))  # a checkpoint that got a non-finite tensor anyway
     with pytest.raises(FileError, match=f"{saved}: 1 tensors hold NaN or inf \\(first: {name}\\)"):
-        train_module.load_checkpoint(saved.parents[1], policy, optimizer, scheduler)
+        checkpoint_module.load_checkpoint(saved.parents[1], policy, optimizer, scheduler)
 
     with torch.no_grad():
         policy.trainable_parameters()[3][0, 0] = float("nan")
     with pytest.raises(ConfigError, match="checkpoint of step 2: not saved, 1 trained tensors hold NaN or inf"):
-        train_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, train_module.LoopState(step=2))
-    assert [p.name for p in train_module.checkpoints(tmp_path)] == ["step_0001"]
+        checkpoint_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, checkpoint_module.LoopState(step=2))
+    assert [p.name for p in checkpoint_module.checkpoints(tmp_path)] == ["step_0001"]
     assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step_0001"]  # no half-written one
 
 
@@ -538,7 +542,7 @@ def test_the_loop_logs_a_skipped_step_and_wires_the_switches(tmp_path, monkeypat
     log-probs and the seq_mean_token_sum aggregation, and its rows show the first two."""
     monkeypatch.setattr(train_module, "score", fake_score)
     updates = []
-    real_update, real_loss = train_module.update, train_module.policy_loss
+    real_update, real_loss = train_module.update, update_module.policy_loss
 
     def count_updates(*args, **kwargs):
         updates.append(1)
@@ -551,7 +555,7 @@ def test_the_loop_logs_a_skipped_step_and_wires_the_switches(tmp_path, monkeypat
         return loss, metrics
 
     monkeypatch.setattr(train_module, "update", count_updates)
-    monkeypatch.setattr(train_module, "policy_loss", nan_in_step_1)
+    monkeypatch.setattr(update_module, "policy_loss", nan_in_step_1)
     switches = ["train.adv_estimator=rloo", "train.old_logprobs=recompute", "train.loss_agg=seq_mean_token_sum"]
     cfg = load_config(overrides=RESUME + switches + [f"out_dir={tmp_path}", "name=nan", "train.steps=2"])
     train_module.train(cfg)

@@ -4,13 +4,13 @@ How this differs from textbook GRPO (paper, section "the loop", steps 5-7):
 1. Advantages are group-relative per task, A_j = (r_j - mean_g) / (std_g + eps), with the
    Bessel-corrected std (torch.std's default, the one verl's GRPO uses). A group whose rewards are
    all equal carries no signal: its advantages are exactly 0 (never 0/0). Two other estimators are a
-   config key away (train.adv_estimator, table ADVANTAGE_ESTIMATORS): dr_grpo and rloo.
+   config key away (train.adv_estimator; each is declared once, in seal_mini/estimators.py): dr_grpo, rloo.
 2. Each advantage is scaled by a diagnostic weight w_j = clip(sum_z p_j(z) rho(z), w_min, w_max) > 0,
    where p_j(z) is the share of trajectory j's turns labelled z. The weight is positive, so the
    verifier alone decides the sign; the diagnosis only decides how loud the signal is.
 3. The loss is the PPO clipped surrogate, a token-mean over the tokens the model sampled
    (loss_mask), plus a k3 KL term to the reference policy; no entropy bonus. Two other aggregations
-   are a config key away (train.loss_agg, table LOSS_AGGREGATIONS). The log-ratios are clamped
+   are a config key away (train.loss_agg, seal_mini/estimators.py). The log-ratios are clamped
    before exp and the k3 term after it, as verl does (LOG_RATIO_CLAMP, KL_CLAMP).
 
 Every function returns (value, metrics) where metrics are plain floats with namespaced keys
@@ -19,11 +19,12 @@ Every function returns (value, metrics) where metrics are plain floats with name
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from seal_mini.config import ADV_ESTIMATOR_NAMES, LOSS_AGG_NAMES
+from seal_mini.config import DiagnosisConfig
+from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
 from seal_mini.labels import RHO_HELD
 
 PROFILE_KEYS = ("count", "prevalence", "success_rate")
@@ -42,37 +43,6 @@ def _group_index(n: int, group_ids) -> torch.Tensor:
     ids = torch.as_tensor(group_ids)
     assert ids.shape == (n,), f"group_ids shape {tuple(ids.shape)} != rewards shape ({n},)"
     return ids
-
-
-# --- LEARNER EDIT POINT: advantage estimators ----------------------------------------------------
-# Each maps the rewards of one task group, r (G,) with G >= 2 and not all equal, to advantages (G,).
-# A new estimator is one function here, one entry in ADVANTAGE_ESTIMATORS and its name in
-# config.ADV_ESTIMATOR_NAMES; then train.adv_estimator=NAME picks it.
-
-
-def grpo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
-    """GRPO (the paper): (r_j - mean) / (std + eps), Bessel-corrected std."""
-    return (r - r.mean()) / (r.std(correction=1) + eps)
-
-
-def dr_grpo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
-    """Dr. GRPO: r_j - mean. Without the std division a group with little spread (nearly all succeed, or
-    nearly all fail) is not amplified to the loudness of one split half and half."""
-    return r - r.mean()
-
-
-def rloo_advantages(r: torch.Tensor, eps: float) -> torch.Tensor:
-    """RLOO: r_j minus the mean of the other G-1 rewards of the group (a baseline that excludes j itself);
-    equal to G / (G-1) * (r_j - mean)."""
-    others_mean = (r.sum() - r) / (r.numel() - 1)  # (G,)
-    return r - others_mean
-
-
-ADVANTAGE_ESTIMATORS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-}
 
 
 def group_advantages(rewards, group_ids, eps: float = 1e-6, estimator: str = "grpo") -> tuple[torch.Tensor, dict]:
@@ -137,23 +107,23 @@ def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torc
 
 
 def ema_rho(
-    rho_base: dict[str, float],
     rho_prev: dict[str, float] | None,
     profile: dict[str, dict],
-    decay: float = 0.75,
-    count_scale: float = 32.0,
-    rho_min: float = 0.5,
-    rho_max: float = 2.0,
+    cfg: DiagnosisConfig,
     held: tuple[str, ...] = RHO_HELD,
 ) -> tuple[dict[str, float], dict]:
     """The authors' release variant: rho_t moves from rho_{t-1} towards a target drawn from this round's C_t.
 
     target(z) = base(z) * (1 + prevalence(z) * (1 - success_rate(z)) * min(1, count(z) / count_scale))
     rho_t(z)  = clip(decay * rho_{t-1}(z) + (1 - decay) * target(z), rho_min, rho_max)
+    base is cfg.rho; decay, count_scale, rho_min and rho_max are cfg.rho_ema_decay, cfg.rho_ema_count_scale,
+    cfg.rho_min and cfg.rho_max (the diagnosis section). rho_prev None starts the walk from the base.
     A label absent from the profile has target = base, so its rho relaxes back to the base value.
     Labels in `held` (pass, not_reached) keep their base value. The clip is applied to the moved value,
     the plainest reading of "EMA ..., clipped [0.5, 2]". The loop weighs round t with rho_t, so the
     weights answer the failures of the round they scale."""
+    rho_base, decay, count_scale = cfg.rho, cfg.rho_ema_decay, cfg.rho_ema_count_scale
+    rho_min, rho_max = cfg.rho_min, cfg.rho_max
     assert 0.0 <= decay <= 1.0, f"decay must be in [0, 1], got {decay}"
     assert count_scale > 0 and 0 < rho_min <= rho_max
     prev = dict(rho_base) if rho_prev is None else rho_prev
@@ -183,33 +153,6 @@ a probability the training forward puts near 0) would overflow to inf and turn t
 KL_CLAMP = 10.0
 """The per-token k3 KL term is clamped to [-KL_CLAMP, KL_CLAMP], as verl's low_var_kl is: one token far
 from the reference cannot dominate the loss (k3 >= 0, so only the upper bound can bite)."""
-
-# Each aggregation maps, per sequence, (its loss-token count n_i (B,), the mini-batch's loss tokens N,
-# the mini-batch's sequences S, token_sum_norm) to the divisor of that sequence's token sum of the loss.
-# The mini-batch's loss is then sum_i sum_t loss_it / divisor_i, whatever micro-batches (and ranks) the
-# sequences are spread over, since N and S are the whole mini-batch's counts.
-
-
-def _token_mean(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
-    """(1 / N) sum over every loss token of the mini-batch: each token weighs the same (the paper)."""
-    return torch.full_like(n_i, n_tokens)
-
-
-def _seq_mean_token_mean(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
-    """(1 / S) sum_i (1 / n_i) sum_t: each sequence weighs the same, a short one's tokens more than a long one's."""
-    return n_sequences * n_i.clamp(min=1.0)  # a sequence without loss tokens adds 0, never 0/0
-
-
-def _seq_mean_token_sum(n_i: torch.Tensor, n_tokens: float, n_sequences: float, norm: float) -> torch.Tensor:
-    """(1 / S) sum_i (1 / norm) sum_t: a constant per sequence (Dr. GRPO), so a long sequence weighs more."""
-    return torch.full_like(n_i, n_sequences * norm)
-
-
-LOSS_AGGREGATIONS: dict[str, Callable[[torch.Tensor, float, float, float], torch.Tensor]] = {
-    "token_mean": _token_mean,
-    "seq_mean_token_mean": _seq_mean_token_mean,
-    "seq_mean_token_sum": _seq_mean_token_sum,
-}
 
 
 def loss_divisors(
@@ -309,19 +252,3 @@ def policy_loss(
             "losses/tokens": float(maskf.sum()),
         }
     return loss, metrics
-
-
-def _check_tables() -> None:
-    """The named choices of the config and the tables here must hold the same names (at import)."""
-    for what, table, names in (
-        ("ADVANTAGE_ESTIMATORS", ADVANTAGE_ESTIMATORS, ADV_ESTIMATOR_NAMES),
-        ("LOSS_AGGREGATIONS", LOSS_AGGREGATIONS, LOSS_AGG_NAMES),
-    ):
-        if set(table) != set(names):
-            raise ImportError(
-                f"seal_mini.core.grpo.{what} holds {sorted(table)} but seal_mini.config lists {sorted(names)}: "
-                "a choice needs both its entry here and its name in the config"
-            )
-
-
-_check_tables()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
-from seal_mini.distributed import is_main, on_main, world_size
+from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
@@ -372,7 +372,7 @@ def evaluate_bfcl_v4(
         prereqs=run_prereqs,
         embedding_model=cfg.ood.embedding_model,
     )
-    on_main(_open, partial, identity, snapshots)
+    from_rank0(_open, partial, identity, snapshots)
 
     rows, prereq_rows = [], []
     # web search needs the network, but only the public internet; nothing else may reach it at all
@@ -385,7 +385,7 @@ def evaluate_bfcl_v4(
                 )
                 done_file = partial / f"{column}.prereq.jsonl.gz"
                 # one process builds the memory: each link of a chain starts from the snapshot the last one wrote
-                prereq_rows += on_main(
+                prereq_rows += from_rank0(
                     _run_chains, agent, chains, done_file, snapshots / column, run_prereqs, what="building the memory"
                 )
             else:
@@ -445,7 +445,7 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
 
 
 def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
-    done = on_main(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
+    done = from_rank0(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
     todo = questions[len(done) :]
     from tqdm import tqdm
 

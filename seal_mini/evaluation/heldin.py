@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
-from seal_mini.distributed import check_same, is_main, on_main, run_lock, world_size
+from seal_mini.distributed import check_same, from_rank0, is_main, run_lock, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import POLICIES
@@ -55,7 +55,7 @@ def evaluate(
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
     identity = eval_identity(agent, cfg, source, [t.id for t in tasks])
-    done_rows = on_main(resume_pieces, partial, identity)  # resume: the pieces already finished
+    done_rows = from_rank0(resume_pieces, partial, identity)  # resume: the pieces already finished
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
     from tqdm import tqdm

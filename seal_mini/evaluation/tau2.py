@@ -47,7 +47,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
-from seal_mini.distributed import is_main, on_main, world_size
+from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 from seal_mini.evaluation.agents import eval_identity, play_in_pieces
 from seal_mini.evaluation.ood import loopback_only, require, suite_result
@@ -661,7 +661,7 @@ def evaluate_tau2(
         identity = eval_identity(
             agent, cfg, source, task_ids, user_simulator=user.description, max_steps=cfg.ood.tau2_max_steps
         )
-        done_rows = on_main(resume_pieces, partial, identity)  # the pieces already finished
+        done_rows = from_rank0(resume_pieces, partial, identity)  # the pieces already finished
         done = {(r["column"], r["task_id"]) for r in done_rows}
         todo = [(d, task) for d, task in tasks if (d, task.id) not in done]
         from tqdm import tqdm

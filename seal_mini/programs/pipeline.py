@@ -17,7 +17,7 @@ import json
 import sys
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.distributed import is_main, on_main, run_lock, world_size
+from seal_mini.distributed import from_rank0, is_main, run_lock, world_size
 from seal_mini.runio import FileError, read_json
 
 
@@ -119,7 +119,7 @@ def pipeline(cfg, restart: bool = False) -> int:
         # held-in BFCL V3 (Table 1), then the out-of-distribution suites the recipe names (Table 2)
         for suite in ["bfcl_v3", *cfg.ood.suites]:
             tag = which if suite == "bfcl_v3" else f"{suite}_{which}"
-            done = on_main(finished, run_dir / "eval" / f"{tag}.json", source)
+            done = from_rank0(finished, run_dir / "eval" / f"{tag}.json", source)
             if done is not None:  # finished before a stop: keep it
                 (results if suite == "bfcl_v3" else suite_results).append(done)
             elif suite == "bfcl_v3":

@@ -307,7 +307,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
 
 def update_phase(policy, cfg: Config, trajectory) -> dict:
     """One micro-batch of copies of `trajectory` through the real update (one optimizer step)."""
-    from seal_mini.training.train import update
+    from seal_mini.training.update import update
 
     micro = cfg.train.micro_batch
     one = copy.deepcopy(cfg)

@@ -1,7 +1,9 @@
-"""Live views of a training run: TensorBoard and Weights & Biases, beside metrics.jsonl.
+"""What a training run writes and shows: the run directory (RunWriter), the metrics row of a step, the
+trajectory rows, the samples printed each step, and the live views (TensorBoard, Weights & Biases).
 
-metrics.jsonl is always written (seal_mini.runio) and is what the report reads. The recipe's
-`log.backends` may add:
+Rank 0 alone writes the run directory; RunWriter's methods do nothing on the other ranks, so the loop
+calls them on every rank without asking which one it is. metrics.jsonl is always written
+(seal_mini.runio) and is what the report reads. The recipe's `log.backends` may add:
   tensorboard  event files under <run_dir>/tensorboard, offline: every numeric metric of a step as a
                scalar (the label counts `labels/*` among them), the active cues and a few sample
                trajectories as text. `tensorboard --logdir runs/` shows every run side by side.
@@ -24,7 +26,128 @@ import shutil
 from pathlib import Path
 
 from seal_mini.config import Config, ConfigError
-from seal_mini.runio import FileError, read_json, read_jsonl_gz, write_json
+from seal_mini.core.interface import active_cues
+from seal_mini.distributed import is_main
+from seal_mini.engine.policy import save_adapter
+from seal_mini.runio import (
+    FileError,
+    new_dir,
+    read_json,
+    read_jsonl_gz,
+    write_json,
+    write_jsonl_gz,
+    write_metrics,
+    write_yaml,
+)
+from seal_mini.training import checkpoint
+
+
+class RunWriter:
+    """Everything training writes into its run directory, written by rank 0 alone (on the other ranks
+    every method does nothing): config and split at the start, each round's trajectories and record,
+    metrics.jsonl and the live views after each step, checkpoints, and the final adapter."""
+
+    def __init__(self, cfg: Config, split: dict, history: list[dict]):
+        """`history`: the metrics rows of the steps already done (a resumed run's rows before its checkpoint).
+        Called once the checkpoint has loaded, so a resume that fails changes nothing in the run."""
+        self.cfg, self.run_dir, self.active = cfg, cfg.run_dir, is_main()
+        self.rows = list(history)
+        """metrics.jsonl's rows: one per finished step."""
+        if not self.active:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        write_yaml(self.run_dir / "config.yaml", cfg.to_dict())
+        write_json(self.run_dir / "split.json", split)
+        self.tracker = Tracker(cfg, self.run_dir, history=self.rows)
+
+    def round(self, step: int, rows: list[dict], record: dict) -> None:
+        """A round's trajectory rows and its record (the interface it used, C_t, rho); prints its samples."""
+        if self.active:
+            write_jsonl_gz(self.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz", rows)
+            write_json(self.run_dir / "rounds" / f"step_{step:04d}.json", record)
+            print_samples(rows, self.cfg.train.print_samples, step)
+
+    def step_done(self, row: dict, rows: list[dict], state, policy, optimizer, scheduler) -> None:
+        """A finished step: its metrics row (with any evaluation) to metrics.jsonl and the live views, and a
+        checkpoint when one is due (train.save_every, and always after the last step)."""
+        self.rows.append(row)
+        if not self.active:
+            return
+        write_metrics(self.run_dir, self.rows)
+        self.tracker.log(row, rows)
+        if state.step % self.cfg.train.save_every == 0 or state.step == self.cfg.train.steps:
+            checkpoint.save_checkpoint(self.run_dir, policy, optimizer, scheduler, state)
+
+    def finish(self, policy) -> None:
+        """The trained adapter as <run_dir>/adapter (refused if it holds a NaN or an inf)."""
+        if self.active:
+            self.tracker.close()
+            checkpoint.check_finite_weights(policy, f"{self.run_dir / 'adapter'}")
+            with new_dir(self.run_dir / "adapter") as tmp:
+                save_adapter(policy, tmp)
+
+
+def metrics_row(
+    step: int, episodes: list[dict], profile: dict, interface_used: dict, seconds: dict[str, float], *parts: dict
+) -> dict:
+    """One line of metrics.jsonl: the round's episodes summed up, the metric dicts of the loop's math
+    (`parts`: advantages, weights, loss, rho), the label counts of C_t, the cues the round trained with and
+    the time each phase took."""
+    n = len(episodes)
+    row = {
+        "step": step,
+        "charts/reward": sum(e["reward"] for e in episodes) / n,
+        "charts/truncated_frac": sum(e["truncated"] for e in episodes) / n,
+        "charts/sampled_tokens_mean": sum(e["n_sampled"] for e in episodes) / n,
+        "charts/episode_tokens_mean": sum(e["n_tokens"] for e in episodes) / n,
+        # -mean log p of the sampled tokens: a Monte Carlo estimate of the sampling policy's entropy
+        "policy/entropy_estimate": sum(e["surprisal"] for e in episodes)
+        / max(sum(e["n_sampled"] for e in episodes), 1),
+    }
+    for part in parts:
+        row.update(part)
+    row.update({f"labels/{z}": p["count"] for z, p in profile.items()})
+    row["interface/cues"] = active_cues(interface_used)
+    row.update({f"time/{k}": round(v, 2) for k, v in seconds.items()})
+    return row
+
+
+def trajectory_rows(step: int, group_size: int, episodes: list[dict], weights, advantages) -> list[dict]:
+    """One row per trajectory of a round (the schema of trajectories/*.jsonl.gz; see seal_mini.programs.dataset)."""
+    return [
+        {
+            "task_id": e["task_id"],
+            "category": e["category"],
+            "step": step,
+            "sample": i % group_size,
+            "reward": e["reward"],
+            "error_type": e["error_type"],
+            "labels": e["labels"],
+            "reasons": e["reasons"],
+            "weight": float(w),
+            "advantage": float(a),
+            "truncated": e["truncated"],
+            "n_sampled": e["n_sampled"],
+            "n_tokens": e["n_tokens"],
+            "messages": e["messages"],
+        }
+        for i, (e, w, a) in enumerate(zip(episodes, weights, advantages, strict=True))
+    ]
+
+
+def print_samples(rows: list[dict], n: int, step: int) -> None:
+    """Show what the model does: the first success and the first failure of the round."""
+    picks = [r for r in rows if r["reward"] > 0][:1] + [r for r in rows if r["reward"] == 0][:1]
+    for row in picks[:n]:
+        print(f"\n--- step {step} sample: {row['task_id']} reward={row['reward']} labels={row['labels']}")
+        for m in row["messages"]:
+            # the model's own words in full, the long prompt parts short
+            shown = 2000 if m["role"] == "assistant" else 160 if m["role"] == "system" else 300
+            text = str(m.get("content", ""))
+            print(f"[{m['role']}] {text[:shown]}{f' ... ({len(text)} chars)' if len(text) > shown else ''}")
+
+
+# --- live views ---------------------------------------------------------------------------------------
 
 BACKEND_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 """Backend -> the package it needs (jsonl needs none)."""
