@@ -12,7 +12,7 @@ from seal_mini.runio import FileError
 # command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
     "pipeline": ("seal_mini.programs.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
-    "sft": ("seal_mini.training.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
+    "sft": ("seal_mini.programs.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
     "train": ("seal_mini.programs.train", "SEAL training for a recipe, or --resume RUN_DIR"),
     "sweep": ("seal_mini.programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
     "probe": (

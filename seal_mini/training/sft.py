@@ -24,13 +24,10 @@ directory, reuses it. An interrupted build starts over (it takes minutes).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import math
 import random
 import shutil
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -38,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from seal_mini.config import FAULT_KINDS, Config, ConfigError, load_config
+from seal_mini.config import FAULT_KINDS, Config, ConfigError
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
 from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
@@ -51,7 +48,7 @@ from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.labels import REGISTRY
-from seal_mini.runio import new_dir, read_json, run_lock, write_json
+from seal_mini.runio import new_dir, read_json, write_json
 
 assert set(FAULT_KINDS) <= set(BUILDERS), (
     "config.FAULT_KINDS must be fault kinds seal_mini.core.faults builds (BUILDERS)"
@@ -381,20 +378,3 @@ def ensure_warm_start(cfg: Config, continuing: bool = False) -> Path:
             print(f"[sft] reusing the identical warm start of {other.parent.parent}")
             return out
     return run_sft(cfg)
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seal_mini sft", description="build the warm start of a recipe")
-    parser.add_argument("recipe", help="recipes/X.yaml")
-    parser.add_argument("overrides", nargs="*", help="key.sub=value")
-    parser.add_argument("--rebuild", action="store_true", help="build it again even if an identical one exists")
-    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
-    cfg = load_config(args.recipe, [*args.overrides, "sft.enabled=true"])
-    with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it writes into the run directory
-        path = run_sft(cfg) if args.rebuild else ensure_warm_start(cfg)
-    print(json.dumps({"warm_start": str(path), **read_json(path / "sft.json")["stats"]}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
