@@ -33,7 +33,7 @@ from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
 from seal_mini.evaluation.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
 from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
 
@@ -253,35 +253,13 @@ def _play_memorize(env: AgenticEpisode, send) -> None:
             send(json.dumps({"answer": found, "context": "memory search"}))
 
 
-SCRIPTED = {"answer": _play_answer, "empty": _play_empty, "memorize": _play_memorize}
-"""Scripted policies for the agentic suites, each play(env, send) (memorize: memory back ends only)."""
+SCRIPTED = {"answer": sending(_play_answer), "empty": sending(_play_empty), "memorize": sending(_play_memorize)}
+"""Scripted policies for the agentic suites, each play(env) -> conversation (memorize: memory back ends only)."""
 
 
-class ScriptedAgenticAgent:
-    """A scripted policy (SCRIPTED) with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
-
-    def __init__(self, mode: str):
-        if mode not in SCRIPTED:
-            raise ConfigError(f"--scripted {mode}: the BFCL V4 suites know {sorted(SCRIPTED)}")
-        self.mode, self.name = mode, f"scripted:{mode}"
-
-    def run(self, envs: list, progress=None) -> list[dict]:
-        records = []
-        for env in envs:
-            messages, _ = env.reset()
-
-            def send(text: str, env=env, messages=messages):
-                # one assistant message, recorded as the model engine records a conversation
-                messages.append({"role": "assistant", "content": text})
-                result = env.step(text)
-                messages.extend(result.observation)
-                return result
-
-            SCRIPTED[self.mode](env, send)
-            records.append({"messages": messages, "truncated": False, "n_sampled": 0})
-            if progress is not None:
-                progress.update(1)
-        return records
+def scripted_agent(mode: str) -> ScriptedAgent:
+    """A scripted policy of SCRIPTED, with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
+    return ScriptedAgent(mode, SCRIPTED, "the BFCL V4 suites know")
 
 
 # --- running a suite --------------------------------------------------------------------------------------

@@ -10,10 +10,11 @@ import importlib.util
 import os
 
 from seal_mini.config import ConfigError
-from seal_mini.evaluation.agents import ModelAgent
-from seal_mini.evaluation.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4
+from seal_mini.evaluation import bfcl_v4, tau2
+from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent
+from seal_mini.evaluation.bfcl_v4 import evaluate_bfcl_v4
 from seal_mini.evaluation.ood import EXTRA, SUITE_MODULES
-from seal_mini.evaluation.tau2 import ScriptedUser, Tau2ScriptedAgent, evaluate_tau2
+from seal_mini.evaluation.tau2 import ScriptedUser, evaluate_tau2
 
 
 def check_suites(cfg) -> None:
@@ -39,7 +40,7 @@ def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progr
     if isinstance(agent, ModelAgent):
         agent = ModelAgent(agent.policy, cfg, adapter=agent.adapter, temperature=agent.temperature)
     if suite == "tau2":
-        user = ScriptedUser() if isinstance(agent, Tau2ScriptedAgent) else None
+        user = ScriptedUser() if isinstance(agent, ScriptedAgent) else None
         return evaluate_tau2(agent, cfg, out_dir, tag, source=source, user=user, progress=progress)
     return evaluate_bfcl_v4(agent, cfg, out_dir, tag, suite=suite, source=source, progress=progress)
 
@@ -57,8 +58,8 @@ def suite_config(cfg):
 def scripted_agent(suite: str, mode: str):
     """A suite's scripted policy (replays of what the package ships, or empty answers)."""
     if suite == "tau2":
-        return Tau2ScriptedAgent(mode)
-    return ScriptedAgenticAgent(mode)
+        return ScriptedAgent(mode, tau2.SCRIPTED)
+    return bfcl_v4.scripted_agent(mode)
 
 
 def print_suite(result: dict) -> None:

@@ -19,7 +19,7 @@ a time so that the rollout engine can drive it, and hands the finished conversat
            basis: DB (the final databases against the expected actions replayed on a fresh copy),
            ENV_ASSERTION, ACTION, COMMUNICATE. NL_ASSERTION needs an LLM judge and is never called:
            it is dropped from the basis and the row records it under "left_out".
-  Check    `Tau2ScriptedAgent("replay")` with `ScriptedUser` scores 1.0 on every task that ships
+  Check    The scripted `replay` (SCRIPTED) with `ScriptedUser` scores 1.0 on every task that ships
            expected actions (retail 112 of 114, airline 43 of 50, telecom 114 of 114); the other 9
            ship none, so any episode that ends with the user's stop scores 1.0 there, as in tau2.
            Leaving out the last state-changing action scores 0.0 on retail 103 of 105, airline 30 of
@@ -49,7 +49,7 @@ from types import SimpleNamespace
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces
+from seal_mini.evaluation.agents import eval_identity, play_in_pieces, sending
 from seal_mini.evaluation.ood import loopback_only, require, suite_result
 from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
 
@@ -563,40 +563,7 @@ def build_user(cfg: Config, policy=None):
     return InProcessUser(policy, f"in-process: {cfg.model.name} (adapter disabled)", **limits)
 
 
-# --- scripted agents -------------------------------------------------------------------------------
-
-
-class Tau2ScriptedAgent:
-    """A scripted policy: `replay` plays the task's expected actions (assistant ones as Hermes tool
-    calls, user ones as USER ACTION requests), then a closing text carrying the information the task
-    expects to be communicated; `drop_last_write` does the same without its last state-changing action;
-    `empty` answers with empty text."""
-
-    MODES = ("replay", "drop_last_write", "empty")
-
-    def __init__(self, mode: str):
-        if mode not in self.MODES:
-            raise ConfigError(f"--scripted {mode}: choose from {list(self.MODES)}")
-        self.mode, self.name = mode, f"scripted:{mode}"
-
-    def run(self, envs: list, progress=None) -> list[dict]:
-        records = []
-        for env in envs:
-            records.append(self._play(env))
-            if progress is not None:
-                progress.update(1)
-        return records
-
-    def _play(self, env: Tau2Episode) -> dict:
-        messages, _ = env.reset()
-        script = [""] if self.mode == "empty" else replay_script(env, drop_last_write=self.mode == "drop_last_write")
-        turn = 0
-        while not env.done:
-            text = script[min(turn, len(script) - 1)]  # the closing text repeats until the user stops
-            turn += 1
-            messages.append({"role": "assistant", "content": text})
-            messages += env.step(text).observation
-        return {"messages": messages, "truncated": False, "n_sampled": 0}
+# --- scripted policies -------------------------------------------------------------------------------
 
 
 def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
@@ -627,6 +594,24 @@ def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
 def _is_write(env: Tau2Episode, action) -> bool:
     kit = env.environment.user_tools if action.requestor == "user" else env.environment.tools
     return kit is not None and kit.has_tool(action.name) and kit.tool_type(action.name) == tau2().ToolType.WRITE
+
+
+def _play_script(env: Tau2Episode, send, script: list[str]) -> None:
+    turn = 0
+    while not env.done:
+        send(script[min(turn, len(script) - 1)])  # the closing text repeats until the user stops
+        turn += 1
+
+
+SCRIPTED = {
+    "replay": sending(lambda env, send: _play_script(env, send, replay_script(env))),
+    "drop_last_write": sending(lambda env, send: _play_script(env, send, replay_script(env, drop_last_write=True))),
+    "empty": sending(lambda env, send: _play_script(env, send, [""])),
+}
+"""Scripted policies, each play(env) -> conversation: `replay` plays the task's expected actions (assistant ones
+as Hermes tool calls, user ones as USER ACTION requests), then a closing text carrying the information the
+task expects to be communicated; `drop_last_write` does the same without its last state-changing action;
+`empty` answers with empty text."""
 
 
 # --- the suite -------------------------------------------------------------------------------------
