@@ -14,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, Config, ConfigError, load_config
+from seal_mini.config import CATEGORIES, Config, ConfigError, OodConfig, load_config
 from seal_mini.distributed import check_same, from_rank0, is_main, run_lock, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
@@ -147,7 +147,7 @@ def print_table(result: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from seal_mini.config import OOD_SUITES
+    from seal_mini.evaluation.suites import SUITES, check_suites
 
     parser = argparse.ArgumentParser(
         prog="python -m seal_mini eval", description="held-in BFCL V3 evaluation, or an out-of-distribution suite"
@@ -162,14 +162,14 @@ def main(argv: list[str]) -> int:
         default="",
         help="name of the result files (default: base / adapter, as report reads them; the scripted policy)",
     )
-    parser.add_argument("--suite", choices=["bfcl_v3", *OOD_SUITES], default="bfcl_v3", help="what to evaluate on")
-    parser.add_argument(
-        "--domains", help="tau2: retail,airline,telecom; bfcl_v4_memory: kv,rec_sum,vector (default: the recipe's ood)"
-    )
+    parser.add_argument("--suite", choices=["bfcl_v3", *SUITES], default="bfcl_v3", help="what to evaluate on")
+    domains = [f"{s.name}: {','.join(getattr(OodConfig(), s.domains))}" for s in SUITES.values() if s.domains]
+    parser.add_argument("--domains", help=f"{'; '.join(domains)} (default: the recipe's ood)")
     args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
     if args.recipe and "=" in args.recipe and not args.recipe.endswith((".yaml", ".yml")):
         args.overrides, args.recipe = [args.recipe, *args.overrides], None  # only overrides were given
     cfg = load_config(args.recipe, args.overrides)
+    check_suites(cfg, imports=False)  # the recipe's ood.suites are known ones (their extras matter to the pipeline)
     check_same("settings", {"config": cfg.to_dict(), "args": vars(args)})  # several ranks: one evaluation
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
         return suite_main(args, cfg) if args.suite != "bfcl_v3" else held_in_main(args, cfg)
@@ -210,24 +210,20 @@ def load_policy_for(cfg: Config, adapter: str | None):
 
 def suite_main(args, cfg: Config) -> int:
     """`eval --suite S`: an out-of-distribution suite for the backbone, an adapter or a scripted policy."""
-    from seal_mini.evaluation.suites import print_suite, run_suite, scripted_agent
+    from seal_mini.evaluation.suites import SUITES, print_suite, run_suite
 
     suite = args.suite
     if args.ids:
         raise ConfigError(f"--ids applies to bfcl_v3 only; for {suite} use ood.max_tasks=N")
     if args.domains:
-        names = [d.strip() for d in args.domains.split(",") if d.strip()]
-        if suite == "tau2":
-            cfg.ood.tau2_domains = names
-        elif suite == "bfcl_v4_memory":
-            cfg.ood.memory_backends = names
-        else:
+        if not SUITES[suite].domains:
             raise ConfigError(f"--domains does not apply to {suite}")
+        setattr(cfg.ood, SUITES[suite].domains, [d.strip() for d in args.domains.split(",") if d.strip()])
         cfg.validate()
     out_dir = cfg.run_dir / "eval"
     results = []
     if args.scripted:
-        agent = scripted_agent(suite, args.scripted)
+        agent = SUITES[suite].scripted(args.scripted)
         results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_scripted_{args.scripted}"))
     else:
         policy = load_policy_for(cfg, args.adapter)

@@ -18,8 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
+from seal_mini.config import CATEGORIES, LABELS, ConfigError
 from seal_mini.core.interface import active_cues
+from seal_mini.evaluation.suites import SUITES
 from seal_mini.runio import (
     atomic_write_bytes,
     atomic_write_text,
@@ -119,8 +120,8 @@ def table_ood(run: dict) -> str:
     """Table 2 layout: each out-of-distribution column (memory back end, web search set, tau2 domain)
     and their average, backbone vs trained, from eval/<suite>_{base,adapter}.json."""
     evals, whiches = run["evals"], ("base", "adapter")
-    results = {w: {s: evals[f"{s}_{w}"] for s in OOD_SUITES if f"{s}_{w}" in evals} for w in whiches}
-    suites = [s for s in OOD_SUITES if any(s in results[w] for w in whiches)]
+    results = {w: {s: evals[f"{s}_{w}"] for s in SUITES if f"{s}_{w}" in evals} for w in whiches}
+    suites = [s for s in SUITES if any(s in results[w] for w in whiches)]
     if not suites:
         return "_No out-of-distribution evaluation in this run (ood.suites in the recipe)._\n"
     columns = list(
@@ -135,7 +136,7 @@ def table_ood(run: dict) -> str:
     def line(name: str, cells: list[str]) -> str:
         return f"| {name} | " + " | ".join(cells) + " |"
 
-    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
+    names = [f"{SUITES[s].prefix} {c}".strip() for s, c in columns]
     lines = [line("policy", [*names, "average"]), "|---|" + "---|" * (len(columns) + 1)]
     base, trained = scores["base"], scores["adapter"]
     if results["base"]:

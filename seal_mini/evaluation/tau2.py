@@ -36,6 +36,7 @@ suite runs inside `seal_mini.evaluation.ood.loopback_only()`.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -49,8 +50,8 @@ from types import SimpleNamespace
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces, sending
-from seal_mini.evaluation.ood import loopback_only, require, suite_result
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
 from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 16
@@ -668,9 +669,28 @@ def evaluate_tau2(
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
-    result = suite_result("tau2", tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
+    result = suite_result(TAU2.name, tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
     if is_main():
         write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
         write_json(out_dir / f"{tag}.json", result)
         shutil.rmtree(partial)
     return result
+
+
+def _run(agent, cfg: Config, out_dir: Path, tag: str, source: str = "", progress: bool = True) -> dict:
+    """evaluate_tau2 as the suite runs it: a scripted agent gets the scripted user that carries out the device
+    actions its replay asks for; any other agent the user simulator cfg.ood names."""
+    user = ScriptedUser() if isinstance(agent, ScriptedAgent) else None
+    return evaluate_tau2(agent, cfg, out_dir, tag, source=source, user=user, progress=progress)
+
+
+TAU2 = Suite(
+    name="tau2",
+    columns=lambda cfg: (list(cfg.ood.tau2_domains), {}),
+    modules=lambda columns: ("tau2",),
+    run=_run,
+    scripted=functools.partial(ScriptedAgent, plays=SCRIPTED),
+    domains="tau2_domains",
+    prefix="tau2",
+)
+"""tau2-bench as a suite (listed in seal_mini.evaluation.suites.SUITES)."""
