@@ -19,8 +19,8 @@ COMMANDS = {
         "seal_mini.programs.probe",
         "what RL starts from on a recipe's warm start: success, mixed groups, labels, weights, each cue's effect",
     ),
-    "eval": ("seal_mini.evaluation.heldin", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
-    "report": ("seal_mini.evaluation.report", "markdown report with plots from run directories"),
+    "eval": ("seal_mini.programs.eval", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
+    "report": ("seal_mini.programs.report", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.programs.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": (
         "seal_mini.programs.diagnose_check",

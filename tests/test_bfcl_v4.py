@@ -6,7 +6,8 @@ import string
 import pytest
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.evaluation.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4, memory_tasks
+from seal_mini.evaluation.agents import ScriptedAgent
+from seal_mini.evaluation.bfcl_v4 import SCRIPTED, evaluate_bfcl_v4, memory_tasks, scripted_agent
 from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards
 from seal_mini.runio import read_json, read_jsonl_gz
 
@@ -16,7 +17,7 @@ CFG = load_config()
 
 
 def run(mode, tmp_path, tag=None, cfg=CFG, **kwargs):
-    return evaluate_bfcl_v4(ScriptedAgenticAgent(mode), cfg, tmp_path, tag or mode, progress=False, **kwargs)
+    return evaluate_bfcl_v4(scripted_agent(mode), cfg, tmp_path, tag or mode, progress=False, **kwargs)
 
 
 NOTETAKER = load_config(overrides=["ood.memory_backends=[kv,rec_sum]", "ood.memory_scenarios=[notetaker]"])
@@ -82,7 +83,7 @@ def test_resume_reuses_finished_pieces(tmp_path, monkeypatch):
     import seal_mini.evaluation.bfcl_v4 as v4
 
     monkeypatch.setattr(v4, "CHUNK", 10)
-    agent = ScriptedAgenticAgent("answer")
+    agent = scripted_agent("answer")
     real_run, calls = agent.run, []
 
     def dies_after_the_chains_and_one_piece(envs, progress=None):
@@ -119,7 +120,7 @@ def test_missing_extra_and_bad_settings_are_clear_errors(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="ood.embedding_model"):
         run("answer", tmp_path, cfg=load_config(overrides=[f"ood.embedding_model={tmp_path}/nope"]))
     with pytest.raises(ConfigError, match="scripted"):
-        ScriptedAgenticAgent("cheat")
+        scripted_agent("cheat")
 
 
 def test_nothing_reaches_the_network_during_a_suite(tmp_path):
@@ -133,7 +134,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
         "name lookup": lambda: socket.gethostbyname("example.com"),
     }
 
-    class Probe(ScriptedAgenticAgent):
+    class Probe(ScriptedAgent):
         def run(self, envs, progress=None):
             inside.append(len(active_guards()))
             for name, probe in probes.items():
@@ -145,13 +146,13 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
             return super().run(envs, progress)
 
     cfg = load_config(overrides=["ood.memory_backends=[kv]", "ood.max_tasks=1"])
-    evaluate_bfcl_v4(Probe("empty"), cfg, tmp_path, "p", progress=False)
+    evaluate_bfcl_v4(Probe("empty", SCRIPTED), cfg, tmp_path, "p", progress=False)
     assert inside and all(depth == outside + 1 for depth in inside)  # the suite's own guard was in place
     assert attempts and all(outcome == "refused" for _, outcome in attempts), attempts
     assert len(active_guards()) == outside  # and it is gone afterwards
 
     before = len(REFUSED)
-    evaluate_bfcl_v4(ScriptedAgenticAgent("memorize"), CFG, tmp_path, "quiet", progress=False)
+    evaluate_bfcl_v4(scripted_agent("memorize"), CFG, tmp_path, "quiet", progress=False)
     assert REFUSED[before:] == []  # a whole scripted run over both phases attempted no access at all
 
 

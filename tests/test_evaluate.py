@@ -167,7 +167,7 @@ def test_a_damaged_piece_is_redone_not_fatal(tmp_path, capsys):
 )
 def test_eval_ids_name_what_is_wrong(tmp_path, ids, message):
     from seal_mini.config import ConfigError
-    from seal_mini.evaluation.heldin import main
+    from seal_mini.programs.eval import main
     from seal_mini.runio import write_json
 
     write_json(tmp_path / "ids.json", ids)
@@ -178,7 +178,7 @@ def test_eval_ids_name_what_is_wrong(tmp_path, ids, message):
 def test_eval_takes_practice_ids(tmp_path):
     from seal_mini.config import CATEGORIES
     from seal_mini.envs import practice
-    from seal_mini.evaluation.heldin import main
+    from seal_mini.programs.eval import main
     from seal_mini.runio import write_json
 
     write_json(tmp_path / "ids.json", [practice.task_id(0, "heldin", c, 0) for c in CATEGORIES])
@@ -190,8 +190,9 @@ def test_eval_takes_practice_ids(tmp_path):
 def test_eval_results_are_what_the_report_and_the_model_card_read(tmp_path):
     """train -> eval -> report by hand: the report and the model card show the held-in rows eval wrote."""
     from seal_mini.engine.policy import save_adapter
-    from seal_mini.evaluation import heldin, report
+    from seal_mini.programs.eval import main as eval_main
     from seal_mini.programs.export import model_card
+    from seal_mini.programs.report import main as report_main
     from seal_mini.runio import write_json, write_yaml
 
     overrides = ["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", f"out_dir={tmp_path}", "name=r"]
@@ -200,8 +201,8 @@ def test_eval_results_are_what_the_report_and_the_model_card_read(tmp_path):
     write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())
     write_json(tmp_path / "ids.json", [TASKS[0].id])
     adapter = str(cfg.run_dir / "adapter")
-    assert heldin.main([*overrides, "--adapter", adapter, "--ids", str(tmp_path / "ids.json")]) == 0
-    assert report.main([str(cfg.run_dir)]) == 0
+    assert eval_main([*overrides, "--adapter", adapter, "--ids", str(tmp_path / "ids.json")]) == 0
+    assert report_main([str(cfg.run_dir)]) == 0
     text = (cfg.run_dir / "report" / "report.md").read_text()
     assert "| backbone (tiny-random) |" in text and "| + SEAL (r) |" in text
     card = model_card(cfg.run_dir, cfg, "tiny-random")

@@ -8,7 +8,7 @@ from seal_mini.config import ConfigError, load_config
 from seal_mini.envs.splits import pick
 from seal_mini.evaluation.agents import ScriptedAgent
 from seal_mini.evaluation.heldin import evaluate
-from seal_mini.evaluation.suites import run_suite, scripted_agent
+from seal_mini.evaluation.suites import SUITES, run_suite
 from seal_mini.programs import dataset as runs
 from seal_mini.runio import read_json, read_jsonl_gz
 from seal_mini.training import train as train_module
@@ -25,7 +25,7 @@ def run_dir(tmp_path_factory) -> Path:
     run_dir, _ = train_module.train(cfg)
     tasks = pick(read_json(run_dir / "split.json")["eval"], 4)
     evaluate(ScriptedAgent("ground_truth"), tasks, cfg, run_dir / "eval", "gt", progress=False)
-    run_suite("bfcl_v4_memory", scripted_agent("bfcl_v4_memory", "answer"), cfg, run_dir / "eval", "memory_gt")
+    run_suite("bfcl_v4_memory", SUITES["bfcl_v4_memory"].scripted("answer"), cfg, run_dir / "eval", "memory_gt")
     return run_dir
 
 

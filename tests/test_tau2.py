@@ -17,12 +17,13 @@ from seal_mini.config import ConfigError, load_config  # noqa: E402
 from seal_mini.engine.tiny import Interrupting  # noqa: E402
 from seal_mini.envs.toolcalls import format_call  # noqa: E402
 from seal_mini.evaluation import tau2 as tau2_eval  # noqa: E402
+from seal_mini.evaluation.agents import ScriptedAgent  # noqa: E402
 from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards, loopback_only  # noqa: E402
 from seal_mini.evaluation.tau2 import (  # noqa: E402
+    SCRIPTED,
     InProcessUser,
     ScriptedUser,
     Tau2Episode,
-    Tau2ScriptedAgent,
     evaluate_tau2,
     load_tasks,
 )
@@ -52,7 +53,7 @@ def task(domain, task_id):
 
 def play(domain, task_id, mode, max_steps=100):
     env = Tau2Episode(domain, task(domain, task_id), ScriptedUser(), max_steps)
-    record = Tau2ScriptedAgent(mode).run([env])[0]
+    record = ScriptedAgent(mode, SCRIPTED).run([env])[0]
     return env, record, env.score()
 
 
@@ -125,7 +126,7 @@ def test_nl_assertions_are_left_out_never_judged():
     t.evaluation_criteria.reward_basis.append(tau2_eval.tau2().RewardType.NL_ASSERTION)
     t.evaluation_criteria.nl_assertions = ["The agent was polite."]
     env = Tau2Episode("retail", t, ScriptedUser(), 100)
-    Tau2ScriptedAgent("replay").run([env])
+    ScriptedAgent("replay", SCRIPTED).run([env])
     with loopback_only():  # a judge would need an LLM API
         scored = env.score()
     assert scored["reward"] == 1.0 and scored["left_out"] == ["NL_ASSERTION"]
@@ -135,7 +136,7 @@ def test_result_file_and_resume(tmp_path):
     user = ScriptedUser()
     with pytest.raises(KeyboardInterrupt):
         evaluate_tau2(
-            Interrupting(Tau2ScriptedAgent("replay"), after=1),
+            Interrupting(ScriptedAgent("replay", SCRIPTED), after=1),
             CFG,
             tmp_path / "a",
             "replay",
@@ -143,10 +144,12 @@ def test_result_file_and_resume(tmp_path):
             progress=False,
             chunk_size=1,
         )
-    again = Interrupting(Tau2ScriptedAgent("replay"), after=99)
+    again = Interrupting(ScriptedAgent("replay", SCRIPTED), after=99)
     resumed = evaluate_tau2(again, CFG, tmp_path / "a", "replay", user=user, progress=False, chunk_size=1)
     assert again.calls == 2  # the first domain's task was kept; only the other two ran
-    straight = evaluate_tau2(Tau2ScriptedAgent("replay"), CFG, tmp_path / "b", "replay", user=user, progress=False)
+    straight = evaluate_tau2(
+        ScriptedAgent("replay", SCRIPTED), CFG, tmp_path / "b", "replay", user=user, progress=False
+    )
     assert resumed == straight == read_json(tmp_path / "a" / "replay.json")
     assert resumed["scores"] == {"retail": 1.0, "airline": 1.0, "telecom": 1.0} and resumed["mean"] == 1.0
     assert resumed["suite"] == "tau2" and resumed["user_simulator"] == ScriptedUser.description
@@ -178,10 +181,10 @@ class ProbeUser(ScriptedUser):
 def test_no_network_inside_the_suite(tmp_path):
     probe = ProbeUser(len(active_guards()))
     cfg = cfg_with(tau2_domains=["telecom"])
-    evaluate_tau2(Tau2ScriptedAgent("empty"), cfg, tmp_path, "probe", user=probe, progress=False)
+    evaluate_tau2(ScriptedAgent("empty", SCRIPTED), cfg, tmp_path, "probe", user=probe, progress=False)
     assert probe.seen == [(True, "refused")]
     before = len(REFUSED)
-    evaluate_tau2(Tau2ScriptedAgent("replay"), CFG, tmp_path, "quiet", user=ScriptedUser(), progress=False)
+    evaluate_tau2(ScriptedAgent("replay", SCRIPTED), CFG, tmp_path, "quiet", user=ScriptedUser(), progress=False)
     assert REFUSED[before:] == []  # replays in all three domains attempted no access at all
 
 
@@ -228,7 +231,7 @@ def test_api_user_simulator_on_loopback(tmp_path):
     try:
         api = f"http://127.0.0.1:{server.server_address[1]}/v1"
         cfg = cfg_with(tau2_domains=["retail"], user_api_base=api, user_model="local-user")
-        result = evaluate_tau2(Tau2ScriptedAgent("replay"), cfg, tmp_path, "api", progress=False)
+        result = evaluate_tau2(ScriptedAgent("replay", SCRIPTED), cfg, tmp_path, "api", progress=False)
     finally:
         server.shutdown()
     assert result["scores"] == {"retail": 1.0} and result["user_simulator"].startswith("api: local-user at http://127")
@@ -311,22 +314,22 @@ def test_clear_errors(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="choose from"):
         load_config(overrides=["ood.tau2_domains=[mock]"])
     with pytest.raises(ConfigError, match="unknown domain 'mock'"):
-        evaluate_tau2(Tau2ScriptedAgent("empty"), cfg_with(tau2_domains=["mock"]), tmp_path, "x", progress=False)
+        evaluate_tau2(ScriptedAgent("empty", SCRIPTED), cfg_with(tau2_domains=["mock"]), tmp_path, "x", progress=False)
     with pytest.raises(ConfigError, match="ood.user_model or ood.user_api_base"):
-        evaluate_tau2(Tau2ScriptedAgent("empty"), CFG, tmp_path, "x", progress=False)
+        evaluate_tau2(ScriptedAgent("empty", SCRIPTED), CFG, tmp_path, "x", progress=False)
     with pytest.raises(ConfigError, match="choose from"):
-        Tau2ScriptedAgent("oracle")
+        ScriptedAgent("oracle", SCRIPTED)
     free = socket.socket()
     free.bind(("127.0.0.1", 0))
     port = free.getsockname()[1]
     free.close()  # a loopback port nobody listens on
     silent = cfg_with(user_api_base=f"http://127.0.0.1:{port}/v1", user_model="local-user")
     with pytest.raises(ConfigError, match="nothing answers at http://127.0.0.1"):
-        evaluate_tau2(Tau2ScriptedAgent("empty"), silent, tmp_path, "x", progress=False)
+        evaluate_tau2(ScriptedAgent("empty", SCRIPTED), silent, tmp_path, "x", progress=False)
     tau2_eval.tau2.cache_clear()
     monkeypatch.setitem(sys.modules, "tau2", None)  # as if the extra were not installed
     try:
         with pytest.raises(ConfigError, match="requirements-ood.txt"):
-            evaluate_tau2(Tau2ScriptedAgent("empty"), CFG, tmp_path, "x", progress=False)
+            evaluate_tau2(ScriptedAgent("empty", SCRIPTED), CFG, tmp_path, "x", progress=False)
     finally:
         tau2_eval.tau2.cache_clear()

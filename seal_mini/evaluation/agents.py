@@ -56,18 +56,43 @@ class ModelAgent:
         return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
 
 
-class ScriptedAgent:
-    """A scripted policy from seal_mini.envs.scripted.POLICIES (ground_truth, empty, drop_last_call)."""
+def sending(policy: Callable) -> Callable[[object], list[dict]]:
+    """play(env) -> the conversation, for a policy(env, send) that writes one assistant message at a time:
+    send(text) steps the env and returns the step's result."""
 
-    def __init__(self, mode: str):
-        if mode not in POLICIES:
-            raise ConfigError(f"--scripted {mode}: choose from {sorted(POLICIES)}")
-        self.mode, self.name = mode, f"scripted:{mode}"
+    def play_(env) -> list[dict]:
+        messages, _ = env.reset()
+
+        def send(text: str):
+            # one assistant message, recorded as the model engine records a conversation
+            messages.append({"role": "assistant", "content": text})
+            result = env.step(text)
+            messages.extend(result.observation)
+            return result
+
+        policy(env, send)
+        return messages
+
+    return play_
+
+
+SCRIPTED = {name: lambda env, turns=turns: play(env, turns(env.task)) for name, turns in sorted(POLICIES.items())}
+"""Held-in BFCL V3's scripted policies (seal_mini.envs.scripted.POLICIES), each play(env) -> conversation."""
+
+
+class ScriptedAgent:
+    """A scripted policy from a table of play(env) -> conversation: held-in BFCL V3's (SCRIPTED: ground_truth,
+    empty, drop_last_call) or a suite's (each suite module has its SCRIPTED)."""
+
+    def __init__(self, mode: str, plays: dict[str, Callable] = SCRIPTED, known: str = "choose from"):
+        if mode not in plays:  # `known` words the refusal: "--scripted x: choose from [...]"
+            raise ConfigError(f"--scripted {mode}: {known} {list(plays)}")
+        self.mode, self.name, self.play = mode, f"scripted:{mode}", plays[mode]
 
     def run(self, envs: list, progress=None) -> list[dict]:
         records = []
         for env in envs:
-            records.append({"messages": play(env, POLICIES[self.mode](env.task)), "truncated": False, "n_sampled": 0})
+            records.append({"messages": self.play(env), "truncated": False, "n_sampled": 0})
             if progress is not None:
                 progress.update(1)
         return records

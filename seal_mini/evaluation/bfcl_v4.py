@@ -21,6 +21,7 @@ seal_mini.evaluation.ood.loopback_only().
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -33,8 +34,8 @@ from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces
-from seal_mini.evaluation.ood import SUITE_MODULES, loopback_only, public_only, require, suite_result
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.ood import Suite, public_only, require, suite_result
 from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
@@ -253,49 +254,21 @@ def _play_memorize(env: AgenticEpisode, send) -> None:
             send(json.dumps({"answer": found, "context": "memory search"}))
 
 
-SCRIPTED = {"answer": _play_answer, "empty": _play_empty, "memorize": _play_memorize}
-"""Scripted policies for the agentic suites, each play(env, send) (memorize: memory back ends only)."""
+SCRIPTED = {"answer": sending(_play_answer), "empty": sending(_play_empty), "memorize": sending(_play_memorize)}
+"""Scripted policies for the agentic suites, each play(env) -> conversation (memorize: memory back ends only)."""
 
 
-class ScriptedAgenticAgent:
-    """A scripted policy (SCRIPTED) with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
-
-    def __init__(self, mode: str):
-        if mode not in SCRIPTED:
-            raise ConfigError(f"--scripted {mode}: the BFCL V4 suites know {sorted(SCRIPTED)}")
-        self.mode, self.name = mode, f"scripted:{mode}"
-
-    def run(self, envs: list, progress=None) -> list[dict]:
-        records = []
-        for env in envs:
-            messages, _ = env.reset()
-
-            def send(text: str, env=env, messages=messages):
-                # one assistant message, recorded as the model engine records a conversation
-                messages.append({"role": "assistant", "content": text})
-                result = env.step(text)
-                messages.extend(result.observation)
-                return result
-
-            SCRIPTED[self.mode](env, send)
-            records.append({"messages": messages, "truncated": False, "n_sampled": 0})
-            if progress is not None:
-                progress.update(1)
-        return records
+def scripted_agent(mode: str) -> ScriptedAgent:
+    """A scripted policy of SCRIPTED, with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
+    return ScriptedAgent(mode, SCRIPTED, "the BFCL V4 suites know")
 
 
 # --- running a suite --------------------------------------------------------------------------------------
 
 
-def suite_columns(suite: str, cfg: Config) -> tuple[list[str], dict[str, str]]:
-    """(columns to run, {column: why it is skipped}) for bfcl_v4_memory or bfcl_v4_web_search."""
-    skipped = {}
-    if suite == "bfcl_v4_web_search":
-        columns = list(WEB_SEARCH_COLUMNS)
-        if not os.environ.get("SERPAPI_API_KEY"):
-            return [], {c: "needs the network and SERPAPI_API_KEY, which is not set" for c in columns}
-        return columns, skipped
-    columns = [f"memory_{b}" for b in cfg.ood.memory_backends]
+def _memory_columns(cfg: Config) -> tuple[list[str], dict[str, str]]:
+    """(memory back ends to run, {back end: why it is skipped})."""
+    columns, skipped = [f"memory_{b}" for b in cfg.ood.memory_backends], {}
     if "memory_vector" in columns and not cfg.ood.embedding_model:
         columns.remove("memory_vector")
         skipped["memory_vector"] = "needs ood.embedding_model, a local folder of all-MiniLM-L6-v2 (or another embedder)"
@@ -306,11 +279,17 @@ def suite_columns(suite: str, cfg: Config) -> tuple[list[str], dict[str, str]]:
     return columns, skipped
 
 
-def _import_backend(column: str, cfg: Config) -> None:
+def _web_search_columns(cfg: Config) -> tuple[list[str], dict[str, str]]:
+    """(web search sets to run, {set: why it is skipped}): none without SERPAPI_API_KEY."""
+    if not os.environ.get("SERPAPI_API_KEY"):
+        return [], {c: "needs the network and SERPAPI_API_KEY, which is not set" for c in WEB_SEARCH_COLUMNS}
+    return list(WEB_SEARCH_COLUMNS), {}
+
+
+def _import_backend(suite: Suite, column: str, cfg: Config) -> None:
     """Import a back end's packages now, with a clear message if the optional extra is missing."""
-    suite = "bfcl_v4_memory" if column.startswith("memory_") else "bfcl_v4_web_search"
-    for module in SUITE_MODULES[suite]:
-        require(module, suite)
+    for module in suite.modules([column]):
+        require(module, suite.name)
     if column == "memory_vector":
         _import_vector_backend(cfg.ood.embedding_model)
 
@@ -323,8 +302,6 @@ def _import_vector_backend(folder: str) -> None:
     name = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_vector"
     if name in sys.modules:
         return
-    require("sentence_transformers", "bfcl_v4_memory (vector)")
-    require("faiss", "bfcl_v4_memory (vector)")
     import sentence_transformers
 
     hub_class = sentence_transformers.SentenceTransformer
@@ -354,9 +331,10 @@ def evaluate_bfcl_v4(
 
     `run_prereqs=False` skips the prerequisite conversations (questions then start from an empty
     memory): a control, not the benchmark. A stopped evaluation resumes from its finished pieces."""
-    if suite not in ("bfcl_v4_memory", "bfcl_v4_web_search"):
-        raise ConfigError(f"--suite {suite}: expected bfcl_v4_memory or bfcl_v4_web_search")
-    columns, skipped = suite_columns(suite, cfg)
+    spec = next((s for s in (MEMORY, WEB_SEARCH) if s.name == suite), None)
+    if spec is None:
+        raise ConfigError(f"--suite {suite}: expected {MEMORY.name} or {WEB_SEARCH.name}")
+    columns, skipped = spec.columns(cfg)
     out_dir = Path(out_dir)
     partial, snapshots = out_dir / f"{tag}.partial", out_dir / f"{tag}.memory"
     # the questions are drawn inside the loop below, from these settings
@@ -376,10 +354,10 @@ def evaluate_bfcl_v4(
 
     rows, prereq_rows = [], []
     # web search needs the network, but only the public internet; nothing else may reach it at all
-    with public_only() if suite == "bfcl_v4_web_search" else loopback_only():
+    with spec.guard():
         for column in columns:
-            _import_backend(column, cfg)
-            if suite == "bfcl_v4_memory":
+            _import_backend(spec, column, cfg)
+            if column.startswith("memory_"):  # a memory back end: its prerequisite conversations build it first
                 chains, questions = memory_tasks(
                     column, snapshots / column, cfg.ood.max_tasks, cfg.ood.memory_scenarios
                 )
@@ -466,3 +444,26 @@ def _play_questions(agent, items: list[AgenticTask], bar) -> list[dict]:
     envs = [AgenticEpisode(item) for item in items]
     records = agent.run(envs, progress=bar) if envs else []
     return [_row(item, env, record, *score(env)) for item, env, record in zip(items, envs, records, strict=True)]
+
+
+# --- the two suites (listed in seal_mini.evaluation.suites.SUITES) ----------------------------------------
+
+MEMORY = Suite(
+    name="bfcl_v4_memory",
+    columns=_memory_columns,
+    # the vector back end also embeds, with a sentence-transformers model and a faiss index
+    modules=lambda columns: (
+        ("overrides", "rank_bm25") + (("sentence_transformers", "faiss") if "memory_vector" in columns else ())
+    ),
+    run=functools.partial(evaluate_bfcl_v4, suite="bfcl_v4_memory"),
+    scripted=scripted_agent,
+    domains="memory_backends",
+)
+WEB_SEARCH = Suite(
+    name="bfcl_v4_web_search",
+    columns=_web_search_columns,
+    modules=lambda columns: ("serpapi", "html2text", "bs4"),
+    run=functools.partial(evaluate_bfcl_v4, suite="bfcl_v4_web_search"),
+    scripted=scripted_agent,
+    guard=public_only,  # the pages a model chooses, on the public internet only
+)

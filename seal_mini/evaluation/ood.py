@@ -1,9 +1,10 @@
-"""What the out-of-distribution suites share: optional imports, the loopback-only guard, results.
+"""What the out-of-distribution suites share: the Suite protocol, optional imports, the network guards, results.
 
 The suites (seal_mini.evaluation.bfcl_v4 for BFCL V4 memory and web search, seal_mini.evaluation.tau2 for
-tau2-bench) never train; they score a policy the way their packages do. Each suite episode fits the
-rollout engine's reset / step / truncate contract, so a model policy runs through the same engine,
-the same `ModelAgent` and the same trajectory records as the held-in BFCL V3 evaluation.
+tau2-bench) never train; they score a policy the way their packages do. Each module declares its `Suite`
+objects; seal_mini.evaluation.suites.SUITES lists each once. Each suite episode fits the rollout engine's
+reset / step / truncate contract, so a model policy runs through the same engine, the same `ModelAgent`
+and the same trajectory records as the held-in BFCL V3 evaluation.
 
 A suite result (<run_dir>/eval/<suite>_<base|adapter>.json) is one dict:
     suite, tag, policy, source        what was scored, as in the held-in results
@@ -23,9 +24,12 @@ import importlib.util
 import ipaddress
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
-from seal_mini.config import ConfigError
+from seal_mini.config import Config, ConfigError
+from seal_mini.evaluation.agents import ScriptedAgent
 
 EXTRA = "pip install -r requirements-ood.txt"
 
@@ -36,14 +40,6 @@ def require(module: str, suite: str) -> None:
         importlib.import_module(module)
     except ImportError as e:
         raise ConfigError(f"{suite} needs the optional extra ({e.name} is missing): {EXTRA}") from None
-
-
-SUITE_MODULES = {
-    "bfcl_v4_memory": ("overrides", "rank_bm25"),
-    "bfcl_v4_web_search": ("serpapi", "html2text", "bs4"),
-    "tau2": ("tau2",),
-}
-"""What each suite needs from the optional extra (module names)."""
 
 
 class NetworkRefused(ConnectionRefusedError):
@@ -136,6 +132,29 @@ def public_only():
 def active_guards() -> list[str]:
     """The guards now in force, outermost first."""
     return list(_ACTIVE)
+
+
+@dataclass(frozen=True)
+class Suite:
+    """An out-of-distribution suite: everything that checking, running and scripting it takes (what would
+    otherwise be a branch on its name). An entry that leaves a field out fails at import."""
+
+    name: str
+    """Its name in ood.suites, `eval --suite` and the result files (eval/<name>_base.json)."""
+    columns: Callable[[Config], tuple[list[str], dict[str, str]]]
+    """(the columns it runs under cfg, {column: why it is skipped}): back ends, web-search sets, domains."""
+    modules: Callable[[list[str]], tuple[str, ...]]
+    """The optional extra's modules that running these columns imports."""
+    run: Callable[..., dict]
+    """run(agent, cfg, out_dir, tag, source="", progress=True) -> the result; writes <out_dir>/<tag>.json."""
+    scripted: Callable[[str], ScriptedAgent]
+    """Its scripted agent of a mode (`eval --scripted MODE`); an unknown mode is a ConfigError."""
+    guard: Callable[[], AbstractContextManager] = loopback_only
+    """The network it may reach while it runs (web search: the public internet only)."""
+    domains: str = ""
+    """The cfg.ood key that `eval --domains` sets; empty: --domains does not apply."""
+    prefix: str = ""
+    """What the report writes before its column names ("tau2" -> "tau2 retail"); empty: the names alone."""
 
 
 def suite_result(

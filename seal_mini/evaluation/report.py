@@ -1,6 +1,5 @@
-"""A markdown report with PNG plots, drawn from run directories' files alone.
-
-    python -m seal_mini report RUN_DIR [RUN_DIR ...] [--out DIR]
+"""A markdown report with PNG plots, drawn from run directories' files alone (build_report; the command
+is seal_mini/programs/report.py).
 
 Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
 Table-2-style out-of-distribution result (BFCL V4 memory / web search, tau2 domains), the Table-3-style ablation table when several runs are given, held-in success over training steps,
@@ -11,15 +10,14 @@ metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data 
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import sys
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, LABELS, OOD_SUITES, ConfigError
+from seal_mini.config import CATEGORIES, LABELS, ConfigError
 from seal_mini.core.interface import active_cues
+from seal_mini.evaluation.suites import SUITES
 from seal_mini.runio import (
     atomic_write_bytes,
     atomic_write_text,
@@ -119,8 +117,8 @@ def table_ood(run: dict) -> str:
     """Table 2 layout: each out-of-distribution column (memory back end, web search set, tau2 domain)
     and their average, backbone vs trained, from eval/<suite>_{base,adapter}.json."""
     evals, whiches = run["evals"], ("base", "adapter")
-    results = {w: {s: evals[f"{s}_{w}"] for s in OOD_SUITES if f"{s}_{w}" in evals} for w in whiches}
-    suites = [s for s in OOD_SUITES if any(s in results[w] for w in whiches)]
+    results = {w: {s: evals[f"{s}_{w}"] for s in SUITES if f"{s}_{w}" in evals} for w in whiches}
+    suites = [s for s in SUITES if any(s in results[w] for w in whiches)]
     if not suites:
         return "_No out-of-distribution evaluation in this run (ood.suites in the recipe)._\n"
     columns = list(
@@ -135,7 +133,7 @@ def table_ood(run: dict) -> str:
     def line(name: str, cells: list[str]) -> str:
         return f"| {name} | " + " | ".join(cells) + " |"
 
-    names = [c if s != "tau2" else f"tau2 {c}" for s, c in columns]
+    names = [f"{SUITES[s].prefix} {c}".strip() for s, c in columns]
     lines = [line("policy", [*names, "average"]), "|---|" + "---|" * (len(columns) + 1)]
     base, trained = scores["base"], scores["adapter"]
     if results["base"]:
@@ -420,22 +418,3 @@ def build_report(run_dirs: list[Path], out_dir: Path, command: str = "report") -
         path = out_dir / "report.md"
         atomic_write_text(path, "\n".join(parts))
         return path
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m seal_mini report", description="report from run directories")
-    parser.add_argument("runs", nargs="+", help="run directories; the first is the main run")
-    parser.add_argument("--out", help="output folder (default: FIRST_RUN/report)")
-    args = parser.parse_args(argv)
-    runs = [Path(r) for r in args.runs]
-    for run in runs:
-        if not run.is_dir():
-            raise ConfigError(f"report: {run}: no such folder")
-    out = Path(args.out) if args.out else runs[0] / "report"
-    path = build_report(runs, out, " ".join([parser.prog, *argv]))
-    print(json.dumps({"report": str(path)}))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

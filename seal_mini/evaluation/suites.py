@@ -1,47 +1,44 @@
-"""The out-of-distribution suites as one entry point: check, run, print (BFCL V4 memory and web search,
-tau2-bench). What the suites share (optional imports, the network guard, the result dict) is in
-seal_mini.evaluation.ood; each suite's own protocol is in bfcl_v4.py and tau2.py.
+"""The out-of-distribution suites, registered once: check, run, print (BFCL V4 memory and web search,
+tau2-bench). A suite is one module that declares its `Suite` (seal_mini.evaluation.ood); adding one is
+that module and its entry in SUITES. Nothing else branches on a suite's name.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-import os
 
 from seal_mini.config import ConfigError
+from seal_mini.evaluation import bfcl_v4, tau2
 from seal_mini.evaluation.agents import ModelAgent
-from seal_mini.evaluation.bfcl_v4 import ScriptedAgenticAgent, evaluate_bfcl_v4
-from seal_mini.evaluation.ood import EXTRA, SUITE_MODULES
-from seal_mini.evaluation.tau2 import ScriptedUser, Tau2ScriptedAgent, evaluate_tau2
+from seal_mini.evaluation.ood import EXTRA, Suite
+
+SUITES: dict[str, Suite] = {s.name: s for s in (bfcl_v4.MEMORY, bfcl_v4.WEB_SEARCH, tau2.TAU2)}
+"""Every suite by name, in the order the report shows them."""
 
 
-def check_suites(cfg) -> None:
-    """Fail before training, not hours later, when a suite the recipe names cannot be imported."""
-    for suite in cfg.ood.suites:
-        if suite == "bfcl_v4_web_search" and not os.environ.get("SERPAPI_API_KEY"):
-            continue  # it will be skipped with its reason; nothing of it gets imported
-        modules = list(SUITE_MODULES[suite])
-        if suite == "bfcl_v4_memory" and "vector" in cfg.ood.memory_backends and cfg.ood.embedding_model:
-            modules += ["sentence_transformers", "faiss"]
-        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+def check_suites(cfg, imports: bool = True) -> None:
+    """Fail before anything runs, not hours later, when ood.suites names an unknown suite or (with `imports`)
+    one whose optional extra is missing. (The config cannot check the names: it sits below evaluation.)"""
+    for name in cfg.ood.suites:
+        if name not in SUITES:
+            raise ConfigError(f"ood.suites: unknown suite {name!r}; choose from {list(SUITES)}")
+    for name in cfg.ood.suites if imports else []:
+        columns, _ = SUITES[name].columns(cfg)
+        # a suite none of whose columns runs here (web search without its key) imports nothing
+        missing = [m for m in SUITES[name].modules(columns) if columns and importlib.util.find_spec(m) is None]
         if missing:
-            raise ConfigError(f"ood.suites: {suite} needs the optional extra ({', '.join(missing)} missing): {EXTRA}")
+            raise ConfigError(f"ood.suites: {name} needs the optional extra ({', '.join(missing)} missing): {EXTRA}")
 
 
 def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progress: bool = True) -> dict:
-    """Score `agent` on one suite (tau2 or a BFCL V4 suite); writes <out_dir>/<tag>.json.
+    """Score `agent` on one suite; writes <out_dir>/<tag>.json.
 
-    Episodes run under the suite token limits (ood.max_*_tokens), not training's. tau2's user simulator
-    comes from cfg.ood; a scripted agent gets the scripted user that carries out the device actions its
-    replay asks for."""
+    Episodes run under the suite token limits (ood.max_*_tokens), not training's."""
     cfg = suite_config(cfg)
     if isinstance(agent, ModelAgent):
         agent = ModelAgent(agent.policy, cfg, adapter=agent.adapter, temperature=agent.temperature)
-    if suite == "tau2":
-        user = ScriptedUser() if isinstance(agent, Tau2ScriptedAgent) else None
-        return evaluate_tau2(agent, cfg, out_dir, tag, source=source, user=user, progress=progress)
-    return evaluate_bfcl_v4(agent, cfg, out_dir, tag, suite=suite, source=source, progress=progress)
+    return SUITES[suite].run(agent, cfg, out_dir, tag, source=source, progress=progress)
 
 
 def suite_config(cfg):
@@ -52,13 +49,6 @@ def suite_config(cfg):
     cfg.rollout.max_total_tokens = cfg.ood.max_total_tokens
     cfg.validate()
     return cfg
-
-
-def scripted_agent(suite: str, mode: str):
-    """A suite's scripted policy (replays of what the package ships, or empty answers)."""
-    if suite == "tau2":
-        return Tau2ScriptedAgent(mode)
-    return ScriptedAgenticAgent(mode)
 
 
 def print_suite(result: dict) -> None:

@@ -19,7 +19,7 @@ a time so that the rollout engine can drive it, and hands the finished conversat
            basis: DB (the final databases against the expected actions replayed on a fresh copy),
            ENV_ASSERTION, ACTION, COMMUNICATE. NL_ASSERTION needs an LLM judge and is never called:
            it is dropped from the basis and the row records it under "left_out".
-  Check    `Tau2ScriptedAgent("replay")` with `ScriptedUser` scores 1.0 on every task that ships
+  Check    The scripted `replay` (SCRIPTED) with `ScriptedUser` scores 1.0 on every task that ships
            expected actions (retail 112 of 114, airline 43 of 50, telecom 114 of 114); the other 9
            ship none, so any episode that ends with the user's stop scores 1.0 there, as in tau2.
            Leaving out the last state-changing action scores 0.0 on retail 103 of 105, airline 30 of
@@ -36,6 +36,7 @@ suite runs inside `seal_mini.evaluation.ood.loopback_only()`.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
@@ -49,8 +50,8 @@ from types import SimpleNamespace
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces
-from seal_mini.evaluation.ood import loopback_only, require, suite_result
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
 from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 16
@@ -563,40 +564,7 @@ def build_user(cfg: Config, policy=None):
     return InProcessUser(policy, f"in-process: {cfg.model.name} (adapter disabled)", **limits)
 
 
-# --- scripted agents -------------------------------------------------------------------------------
-
-
-class Tau2ScriptedAgent:
-    """A scripted policy: `replay` plays the task's expected actions (assistant ones as Hermes tool
-    calls, user ones as USER ACTION requests), then a closing text carrying the information the task
-    expects to be communicated; `drop_last_write` does the same without its last state-changing action;
-    `empty` answers with empty text."""
-
-    MODES = ("replay", "drop_last_write", "empty")
-
-    def __init__(self, mode: str):
-        if mode not in self.MODES:
-            raise ConfigError(f"--scripted {mode}: choose from {list(self.MODES)}")
-        self.mode, self.name = mode, f"scripted:{mode}"
-
-    def run(self, envs: list, progress=None) -> list[dict]:
-        records = []
-        for env in envs:
-            records.append(self._play(env))
-            if progress is not None:
-                progress.update(1)
-        return records
-
-    def _play(self, env: Tau2Episode) -> dict:
-        messages, _ = env.reset()
-        script = [""] if self.mode == "empty" else replay_script(env, drop_last_write=self.mode == "drop_last_write")
-        turn = 0
-        while not env.done:
-            text = script[min(turn, len(script) - 1)]  # the closing text repeats until the user stops
-            turn += 1
-            messages.append({"role": "assistant", "content": text})
-            messages += env.step(text).observation
-        return {"messages": messages, "truncated": False, "n_sampled": 0}
+# --- scripted policies -------------------------------------------------------------------------------
 
 
 def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
@@ -627,6 +595,24 @@ def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
 def _is_write(env: Tau2Episode, action) -> bool:
     kit = env.environment.user_tools if action.requestor == "user" else env.environment.tools
     return kit is not None and kit.has_tool(action.name) and kit.tool_type(action.name) == tau2().ToolType.WRITE
+
+
+def _play_script(env: Tau2Episode, send, script: list[str]) -> None:
+    turn = 0
+    while not env.done:
+        send(script[min(turn, len(script) - 1)])  # the closing text repeats until the user stops
+        turn += 1
+
+
+SCRIPTED = {
+    "replay": sending(lambda env, send: _play_script(env, send, replay_script(env))),
+    "drop_last_write": sending(lambda env, send: _play_script(env, send, replay_script(env, drop_last_write=True))),
+    "empty": sending(lambda env, send: _play_script(env, send, [""])),
+}
+"""Scripted policies, each play(env) -> conversation: `replay` plays the task's expected actions (assistant ones
+as Hermes tool calls, user ones as USER ACTION requests), then a closing text carrying the information the
+task expects to be communicated; `drop_last_write` does the same without its last state-changing action;
+`empty` answers with empty text."""
 
 
 # --- the suite -------------------------------------------------------------------------------------
@@ -683,9 +669,28 @@ def evaluate_tau2(
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
-    result = suite_result("tau2", tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
+    result = suite_result(TAU2.name, tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
     if is_main():
         write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
         write_json(out_dir / f"{tag}.json", result)
         shutil.rmtree(partial)
     return result
+
+
+def _run(agent, cfg: Config, out_dir: Path, tag: str, source: str = "", progress: bool = True) -> dict:
+    """evaluate_tau2 as the suite runs it: a scripted agent gets the scripted user that carries out the device
+    actions its replay asks for; any other agent the user simulator cfg.ood names."""
+    user = ScriptedUser() if isinstance(agent, ScriptedAgent) else None
+    return evaluate_tau2(agent, cfg, out_dir, tag, source=source, user=user, progress=progress)
+
+
+TAU2 = Suite(
+    name="tau2",
+    columns=lambda cfg: (list(cfg.ood.tau2_domains), {}),
+    modules=lambda columns: ("tau2",),
+    run=_run,
+    scripted=functools.partial(ScriptedAgent, plays=SCRIPTED),
+    domains="tau2_domains",
+    prefix="tau2",
+)
+"""tau2-bench as a suite (listed in seal_mini.evaluation.suites.SUITES)."""

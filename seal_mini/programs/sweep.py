@@ -336,6 +336,8 @@ def share_base_evaluation(cfg, others: list) -> None:
 
 def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
     """Every run of the sweep that is not done yet, then the table from all of them."""
+    from seal_mini.evaluation.suites import check_suites  # here, not at the top: it brings torch
+
     record = sweep_dir / "sweep.json"
     seconds = read_json(record).get("seconds", {}) if record.exists() else {}
 
@@ -346,6 +348,7 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
             name = f"{base.name}_{variant}_seed{seed}"
             overrides = [*args.overrides, *extra, f"seed={seed}", f"name={name}", f"out_dir={sweep_dir}"]
             runs.append((variant, seed, name, load_config(args.recipe, overrides), overrides))
+            check_suites(runs[-1][3], imports=False)  # an unknown ood.suites name fails now, not inside a run
     todo = [r for r in runs if not (r[3].run_dir / "eval" / "adapter.json").exists()]
     jobs = [
         (cfg, Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log")))
