@@ -23,6 +23,7 @@ import yaml
 
 from seal_mini.__main__ import main
 from seal_mini.config import load_config
+from seal_mini.training import checkpoint as checkpoint_module
 from seal_mini.training import train as train_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -520,3 +521,31 @@ def test_a_kill_during_the_report_leaves_no_half_image_and_a_rerun_finishes_it(r
     names = sorted(p.name for p in (run_dir / "report").iterdir())
     assert names == sorted(p.name for p in (straight / "report").iterdir())
     assert all(complete_png(p) for p in (run_dir / "report").glob("*.png"))
+
+
+def test_non_finite_weights_are_never_saved_nor_resumed_from(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+    from test_update import _no_schedule, _update_policy
+
+    from seal_mini.config import ConfigError
+    from seal_mini.runio import FileError
+
+    cfg, policy = _update_policy()
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    scheduler = _no_schedule(optimizer)
+    checkpoint_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, checkpoint_module.LoopState(step=1))
+    saved = tmp_path / "checkpoint" / "step_0001" / "adapter" / "adapter_model.safetensors"
+    weights = load_file(str(saved))
+    name = sorted(weights)[0]
+    weights[name][0, 0] = float("inf")
+    save_file(weights, str(saved))  # a checkpoint that got a non-finite tensor anyway
+    with pytest.raises(FileError, match=f"{saved}: 1 tensors hold NaN or inf \\(first: {name}\\)"):
+        checkpoint_module.load_checkpoint(saved.parents[1], policy, optimizer, scheduler)
+
+    with torch.no_grad():
+        policy.trainable_parameters()[3][0, 0] = float("nan")
+    with pytest.raises(ConfigError, match="checkpoint of step 2: not saved, 1 trained tensors hold NaN or inf"):
+        checkpoint_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, checkpoint_module.LoopState(step=2))
+    assert [p.name for p in checkpoint_module.checkpoints(tmp_path)] == ["step_0001"]
+    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step_0001"]  # no half-written one
