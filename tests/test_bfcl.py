@@ -13,6 +13,8 @@ from seal_mini.envs.bfcl import (
     to_chat_tool,
 )
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 
 def test_800_tasks_with_ground_truth_and_tools():
     tasks = load_tasks()

@@ -2,6 +2,8 @@ import pytest
 
 from seal_mini.config import DEFAULT_RHO, LABELS, Config, ConfigError, load_config, parse_override
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 
 def test_defaults_validate_and_rho_covers_every_label():
     cfg = load_config()

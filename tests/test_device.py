@@ -12,6 +12,8 @@ from seal_mini.config import ConfigError, load_config
 from seal_mini.engine import device
 from seal_mini.engine.policy import load_policy, start_banner
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 SMI_QUERY = "NVIDIA GeForce RTX 4090, 535.54.03, 24564\n"
 SMI_HEADER = "| NVIDIA-SMI 535.54.03    Driver Version: 535.54.03    CUDA Version: 12.2     |\n"
 

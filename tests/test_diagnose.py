@@ -26,6 +26,8 @@ from seal_mini.envs.toolcalls import format_call
 from seal_mini.envs.verifier import Verdict
 from seal_mini.programs import diagnose_check
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 TASKS = tasks_by_id()
 
 

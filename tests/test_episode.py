@@ -12,6 +12,8 @@ from seal_mini.envs.scripted import ground_truth_turns, replay, scripted_message
 from seal_mini.envs.toolcalls import MAX_CALL_CHARS, format_call
 from seal_mini.envs.verifier import check, check_episode
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 TASKS = tasks_by_id()
 
 

@@ -32,6 +32,8 @@ from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.envs.toolcalls import CallError, parse_tool_calls, validate_call
 from seal_mini.envs.verifier import check_episode
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 MESSAGES = int(os.environ.get("SEAL_MINI_FUZZ_MESSAGES", "200"))
 SEED = int(os.environ.get("SEAL_MINI_FUZZ_SEED", "0"))
 STEP_SECONDS = 20.0

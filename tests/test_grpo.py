@@ -18,6 +18,8 @@ from seal_mini.core.grpo import (
 )
 from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 LN2 = math.log(2.0)
 LN15 = math.log(1.5)
 

@@ -29,6 +29,8 @@ from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import ground_truth_turns, scripted_messages
 from seal_mini.envs.toolcalls import format_call
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 ALL_ON = InterfaceState(schema_cues=True, error_feedback=True, guidelines=list(GUIDELINES))
 BROKEN_JSON = '<tool_call>{"name": "ls", "arguments": </tool_call>'
 NO_SUCH_TARGET = "zz_no_such_target"

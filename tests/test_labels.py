@@ -17,6 +17,8 @@ from seal_mini import config, labels
 from seal_mini.core import diagnose, faults, interface, judge
 from seal_mini.labels import ENTRIES, Fault, Guideline, Label, RegistryError, build, require_labels, rule_order
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 PACKAGE = Path(__file__).resolve().parents[1] / "seal_mini"
 
 

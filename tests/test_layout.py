@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 PACKAGE = Path(__file__).resolve().parents[1] / "seal_mini"
 
 # The layers, lowest first. A module may import its own layer and the layers below it, never one above.

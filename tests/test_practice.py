@@ -14,6 +14,8 @@ from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import check_episode
 from seal_mini.programs.oracle import practice_tasks, run_oracle
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 
 @pytest.fixture(scope="module")
 def tasks():

@@ -29,6 +29,8 @@ from seal_mini.runio import (
     write_metrics,
 )
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

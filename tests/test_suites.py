@@ -1,6 +1,10 @@
 """The suites' registry (seal_mini.evaluation.suites): a recipe naming an unknown suite stops before anything runs."""
 
+import pytest
+
 from seal_mini.__main__ import main
+
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 
 
 def test_an_unknown_suite_is_refused_in_one_line_naming_ood_suites(capsys):

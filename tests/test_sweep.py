@@ -9,6 +9,8 @@ from seal_mini.programs import sweep
 from seal_mini.programs.placement import Outcome
 from seal_mini.runio import write_json
 
+pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
+
 
 def test_ablations_flip_the_same_switches_on_top_of_the_given_recipe():
     """Each ablation file's own keys (its base and name left out) applied to cpu_learn change exactly
