@@ -98,10 +98,13 @@ def test_update_switches_name_the_key_and_the_choices(override, message):
     assert (cfg.train.adv_estimator, cfg.train.loss_agg, cfg.train.old_logprobs) == ("grpo", "token_mean", "sampled")
 
 
-def test_numbers_read_as_yaml_1_2_reads_them(tmp_path):
+def test_numbers_read_as_yaml_1_2_reads_them():
     """`1e-5` is the first learning rate anyone types; YAML 1.1 (PyYAML) reads it as a string."""
     cfg = load_config(overrides=["train.lr=1e-5", "train.kl_coef=2E-3", "diagnosis.w_max=+1e0"])
     assert (cfg.train.lr, cfg.train.kl_coef, cfg.diagnosis.w_max) == (1e-5, 2e-3, 1.0)
+
+
+def test_a_recipes_numbers_read_as_yaml_1_2_reads_them(tmp_path):
     (tmp_path / "r.yaml").write_text("train:\n  lr: 1e-5\n  clip_ratio: .2e0\n")
     cfg = load_config(tmp_path / "r.yaml")
     assert (cfg.train.lr, cfg.train.clip_ratio) == (1e-5, 0.2)

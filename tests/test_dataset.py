@@ -123,3 +123,72 @@ def test_parquet_never_replaces_a_file(run_dir, tmp_path):
     with pytest.raises(ConfigError, match="is a file"):
         runs.write_parquet(run_dir, mine)
     assert mine.read_text() == "my own notes" and [p.name for p in tmp_path.iterdir()] == ["mine.parquet"]
+
+
+# A run with held-in evaluations during training (eval/step_0001.json, eval/step_0002.json): tests damage copies.
+EVALUATED = {
+    "name": "tiny",
+    "device": "cpu",
+    "model": {"name": "tiny-random", "gradient_checkpointing": False},
+    "data": {"max_train_tasks": 2, "max_eval_tasks": 2},
+    "rollout": {"group_size": 2, "max_new_tokens": 4, "max_prompt_tokens": 64, "max_total_tokens": 128},
+    "train": {"steps": 3, "tasks_per_step": 1, "mini_batch_tasks": 1, "eval_every": 1, "print_samples": 0},
+}
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> Path:
+    import yaml
+
+    root = tmp_path_factory.mktemp("evaluated")
+    (root / "fast.yaml").write_text(yaml.safe_dump(EVALUATED))
+    run_dir, _ = train_module.train(load_config(root / "fast.yaml", [f"out_dir={root / 'runs'}"]))
+    return run_dir
+
+
+def _damaged_copy(run_dir: Path, tmp_path: Path, *gone: str) -> Path:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    for name in gone:
+        path = copy / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return copy
+
+
+def _warnings(argv: list[str], capsys) -> str:
+    from seal_mini.__main__ import main
+
+    capsys.readouterr()
+    assert main(argv) == 0
+    return capsys.readouterr().err
+
+
+def test_a_deleted_folder_is_named_not_dropped(evaluated, tmp_path, capsys):
+    """With trajectories/ and rounds/ gone, report and dataset name every step's file."""
+    copy = _damaged_copy(evaluated, tmp_path, "trajectories", "rounds")
+    want = [f"trajectories/step_{s:04d}.jsonl.gz" for s in range(3)] + [f"rounds/step_{s:04d}.json" for s in range(3)]
+    for argv in (["dataset", str(copy)], ["report", str(copy)]):
+        err = _warnings(argv, capsys)
+        assert f"{copy} lacks" in err and all(name in err for name in want), (argv, err[-2000:])
+    assert "`copy` lacks" in (copy / "report" / "report.md").read_text()
+
+
+def test_a_deleted_evaluation_made_during_training_is_named_not_dropped(evaluated, tmp_path, capsys):
+    assert (evaluated / "eval" / "step_0001.json").is_file()
+    copy = _damaged_copy(evaluated, tmp_path, "eval/step_0001.json")
+    for argv in (["dataset", str(copy)], ["report", str(copy)]):
+        assert f"{copy} lacks eval/step_0001.json" in _warnings(argv, capsys), argv
+
+
+def test_dataset_out_never_hides_a_users_file(evaluated, tmp_path, capsys):
+    """`dataset RUN --out FILE`: the user's file stays as it was, where it was, with nothing beside it."""
+    from seal_mini.__main__ import main
+
+    mine = tmp_path / "mine.parquet"
+    mine.write_text("my own notes")
+    assert main(["dataset", str(evaluated), "--out", str(mine)]) == 2
+    assert "mine.parquet" in capsys.readouterr().err
+    assert mine.is_file() and mine.read_text() == "my own notes"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.parquet"]

@@ -146,6 +146,11 @@ def test_bad_options_are_one_line_naming_the_option(capsys):
 
     assert main(["oracle", "--differential", "--kinds", "bogus"]) == 2
     assert "error: --kinds: unknown perturbation kinds ['bogus']; known: ground_truth" in capsys.readouterr().err
+
+
+def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):
+    from seal_mini.__main__ import main
+
     for argv in (["oracle", "--differential", "--limit", "-1"], ["diagnose-check", "--limit", "-1"]):
         try:
             main(argv)
