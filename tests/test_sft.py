@@ -391,3 +391,19 @@ def test_a_cue_shown_lowers_its_fault_in_a_warm_start_built_at_c_above_0_and_not
             rates[c, cue] = sum(z == "missing_tool_call" for z in turns) / len(turns)
     assert rates[1.0, "on"] < rates[1.0, "off"] - 0.12, rates
     assert abs(rates[0.0, "on"] - rates[0.0, "off"]) < 0.1, rates
+
+
+def test_a_shipped_warm_start_is_what_its_recipe_builds_and_a_first_run_copies_it(tmp_path, capsys):
+    """recipes/warm_starts/<recipe>/ is copied by any run with its identity (ensure_warm_start): a recipe whose
+    warm-start settings changed must not silently miss it, nor a stale one stay. Rebuild it as its README says."""
+    from seal_mini.training.sft import SHIPPED, identity
+
+    shipped = sorted(SHIPPED.glob("*/identity.json"))
+    assert shipped, "no shipped warm start"
+    for path in shipped:
+        recipe = SHIPPED.parents[0] / f"{path.parent.name}.yaml"
+        cfg = load_config(recipe, [f"out_dir={tmp_path}"])
+        assert identity(cfg) == read_json(path), f"{path.parent} is not what {recipe} builds now"
+        copied = ensure_warm_start(cfg)  # no build: a copy
+        assert (copied / "model.safetensors").read_bytes() == (path.parent / "model.safetensors").read_bytes()
+        assert f"reusing the identical warm start of {path.parent}" in capsys.readouterr().out

@@ -363,18 +363,26 @@ def run_sft(cfg: Config) -> Path:
     return out
 
 
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes" / "warm_starts"
+"""Warm starts the kit ships, each what `sft` built for a recipe (recipes/warm_starts/<recipe>/), so that a
+first run of that recipe copies it instead of spending minutes building it; a recipe whose identity
+differs in any setting builds its own, and `sft --rebuild` always builds."""
+
+
 def ensure_warm_start(cfg: Config, continuing: bool = False) -> Path:
-    """The run's warm start: kept if built with this identity, copied from a sibling run directory that has
-    an identical one, else built now. A continuing run (continuing=True: it has a checkpoint) keeps the one
-    its adapter was trained on, even where a setting a resume may change (cpu_threads, train.logprob_chunk)
-    now names another."""
+    """The run's warm start: kept if built with this identity, copied from a sibling run directory or from the
+    shipped warm starts (SHIPPED) where one is identical, else built now. A continuing run (continuing=True:
+    it has a checkpoint) keeps the one its adapter was trained on, even where a setting a resume may change
+    (cpu_threads, train.logprob_chunk) now names another."""
     out, want = warm_start_dir(cfg), identity(cfg)
     if (out / "identity.json").exists() and (continuing or read_json(out / "identity.json") == want):
         return out
-    for other in sorted(Path(cfg.out_dir).glob(f"*/{WARM_START}/identity.json")):
+    siblings = sorted(Path(cfg.out_dir).glob(f"*/{WARM_START}/identity.json"))
+    for other in [*siblings, *sorted(SHIPPED.glob("*/identity.json"))]:
         if other.parent != out and read_json(other) == want:
             with new_dir(out) as tmp:
                 shutil.copytree(other.parent, tmp, dirs_exist_ok=True)
-            print(f"[sft] reusing the identical warm start of {other.parent.parent}")
+            source = other.parent if other.parent.parent == SHIPPED else other.parent.parent  # a run's, or shipped
+            print(f"[sft] reusing the identical warm start of {source}")
             return out
     return run_sft(cfg)
