@@ -71,7 +71,7 @@ if [ -z "$recipe" ] || [[ "$recipe" == *=* ]]; then
     echo "[run.sh] no recipe given; a CUDA GPU is present, so recipes/qwen2_5_3b.yaml"
     recipe=recipes/qwen2_5_3b.yaml
   else
-    echo "[run.sh] no recipe given; no CUDA GPU here, so recipes/cpu_learn.yaml (practice tasks, a model built here)"
+    echo "[run.sh] no recipe given; no CUDA GPU here, so recipes/cpu_learn.yaml (practice tasks, a small model built from scratch)"
     recipe=recipes/cpu_learn.yaml
   fi
 else
