@@ -1,4 +1,5 @@
-"""Command line: python -m seal_mini COMMAND [args]. Each command lives in its own module."""
+"""Command line: python -m seal_mini COMMAND [args], or `seal-mini COMMAND [args]` where the package is
+installed (pyproject.toml's console script). Each command lives in its own module."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ DATA_PARALLEL = ("pipeline", "train", "eval")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m seal_mini COMMAND [args]\n\ncommands:")
+        print("usage: python -m seal_mini COMMAND [args]   (installed: seal-mini COMMAND [args])\n\ncommands:")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:<16} {text}")
         return 0 if not argv or argv[0] in ("-h", "--help") else 2
