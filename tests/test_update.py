@@ -2,6 +2,7 @@
 non-finite steps are skipped, every aggregation gives one gradient whatever the micro-batch, and the first
 mini-batch's ratio is exactly 1 with recomputed old log-probs."""
 
+import io
 import math
 from types import SimpleNamespace
 
@@ -243,3 +244,24 @@ def test_first_mini_batch_ratio_is_logged_and_is_exactly_one_with_recomputed_old
     assert metrics["sampled", "made up"]["losses/first_approx_kl"] > 0.01
     assert metrics["recompute", "made up"]["losses/first_ratio_mean"] == 1.0
     assert metrics["recompute", "made up"]["losses/first_approx_kl"] == 0.0
+
+
+@pytest.mark.parametrize("old, passes", [("sampled", 1), ("recompute", 2)])
+def test_the_progress_bar_counts_every_sequence_once_per_forward_even_after_running_out_of_memory(old, passes):
+    # 8 sequences in 2 mini-batches of 4, 2 a micro-batch (a reference and a policy forward each). The 5th
+    # training forward (mini-batch 0's second micro-batch) runs out of memory, once its first micro-batch
+    # has counted: the mini-batch starts again one sequence at a time, and its sequences count once.
+    from test_rollout import OutOfMemoryAbove
+    from tqdm import tqdm
+
+    cfg, policy = _update_policy([f"train.old_logprobs={old}", "train.micro_batch=2"])
+    trajs, adv = _made_up_round(policy)
+    injected = OutOfMemoryAbove(policy.model, rows=1, after=2 + (passes - 1) * 4)  # after the recompute's 4
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
+    with tqdm(file=io.StringIO()) as bar:
+        try:
+            update_module.update(policy, optimizer, _no_schedule(optimizer), trajs, adv, cfg, progress=bar)
+        finally:
+            injected.hook.remove()
+        assert injected.raised == 1 and policy.limits.micro_batch == 1
+        assert bar.total == bar.n == passes * len(trajs)

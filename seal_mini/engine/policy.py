@@ -17,6 +17,7 @@ Two other policies live in the same model, so there is never a second copy of th
 from __future__ import annotations
 
 import importlib.util
+import logging
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,13 @@ TRAINED_ADAPTER = "default"
 """peft's name for the adapter the run trains (the only one saved)."""
 REFERENCE_ADAPTER = "reference"
 """The frozen copy of the starting adapter (lora.adapter_path) that the KL term measures against."""
+
+# bitsandbytes, when peft or transformers imports it on a CPU with AVX512-BF16, logs that it cannot load an
+# optional kernel (the `kernels` package) for its bf16 4-bit CPU path. The kit never takes that path (full
+# precision on a CPU; model.cpu_4bit switches it off in load_hf_base), so that one message is dropped.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: not str(record.msg).startswith("Failed to load CPU gemm_4bit_forward")
+)
 
 
 @dataclass

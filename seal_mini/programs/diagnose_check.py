@@ -22,7 +22,7 @@ by construction. Accuracy is reported over all faulty
 episodes and over the attributable ones. The faulty episodes of every 8th task also get the full
 official verdict: a failed episode in which the rules find no failing turn would show there.
 
-Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
+A bar on stderr counts the tasks done. Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
 building each task's ground-truth reference (once per task, shared by all its episodes).
 The last line of output is one JSON object with every number printed above it.
 """
@@ -36,6 +36,8 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+from tqdm import tqdm
 
 from seal_mini.config import CATEGORIES, nonnegative
 from seal_mini.core.diagnose import diagnose_turns, evidence, reference
@@ -245,7 +247,7 @@ def run_check(
     run = Run(examples, verify_every)
     timer = run.timer
     timer.tasks = len(tasks)
-    for task in tasks:
+    for task in tqdm(tasks, desc="diagnose-check", unit="task"):  # the report comes at the end (80 s on BFCL's)
         # The reference is built once per task and shared by all its episodes, as by the G samples of
         # a training group; its cost is timed on its own.
         _timed(timer, "reference", reference, task)
@@ -407,7 +409,7 @@ def judge_agreement(judge, categories=CATEGORIES, limit: int = 0, seed: int = 0,
     kinds = list(FAULTS)
     start = time.perf_counter()
     agree = finer_agree = finer_n = n = 0
-    for i in range(turns):
+    for i in tqdm(range(turns), desc="small-model judge", unit="episode"):
         task, kind = rng.choice(tasks), kinds[i % len(kinds)]
         p = plan(task)
         options = [(t, b) for t in range(len(p)) if (b := BUILDERS[kind](task, p, t, random.Random(i)))]

@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from seal_mini.config import FAULT_KINDS, Config, ConfigError
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
 from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
+from seal_mini.distributed import is_main
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
@@ -243,7 +245,8 @@ def epoch_batches(lengths: list[int], batch: int, rng: random.Random) -> list[li
 
 
 def train_model(model, demos: list[Demonstration], cfg: Config, device) -> list[dict]:
-    """sft.epochs passes over the demonstrations, shuffled per epoch with the run seed; returns the log."""
+    """sft.epochs passes over the demonstrations, shuffled per epoch with the run seed; returns the log.
+    A bar shows the steps (loss, ETA); each epoch ends with one line of its mean loss."""
     sc = cfg.sft
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=sc.lr, weight_decay=sc.weight_decay)
@@ -255,6 +258,7 @@ def train_model(model, demos: list[Demonstration], cfg: Config, device) -> list[
     log = []
     model.train()
     started = time.perf_counter()
+    bar = tqdm(total=total, desc="sft", unit="step", disable=not is_main())
     for step in range(total):
         if not batches:  # a new epoch, in its own seeded order
             batches = epoch_batches(lengths, sc.batch, random.Random(f"sft-order:{cfg.seed}:{step // per_epoch}"))
@@ -266,9 +270,15 @@ def train_model(model, demos: list[Demonstration], cfg: Config, device) -> list[
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         log.append({"step": step, **metrics, "sft/grad_norm": float(grad_norm), "sft/lr": scheduler.get_last_lr()[0]})
-        if step % 10 == 0 or step == total - 1:
-            elapsed = time.perf_counter() - started
-            print(f"[sft] step {step + 1}/{total}: loss {metrics['sft/loss']:.4f} ({elapsed:.0f}s)", flush=True)
+        bar.set_postfix_str(f"loss {metrics['sft/loss']:.4f}", refresh=False)
+        bar.update(1)
+        if not batches or step == total - 1:  # an epoch ends (the last may be cut short: sft.epochs is a float)
+            epoch = [r["sft/loss"] for r in log[step - step % per_epoch :]]
+            tqdm.write(
+                f"[sft] epoch {step // per_epoch + 1}/{math.ceil(total / per_epoch)}: mean loss "
+                f"{sum(epoch) / len(epoch):.4f} ({time.perf_counter() - started:.0f}s)"
+            )
+    bar.close()
     model.eval()
     return log
 

@@ -136,7 +136,8 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         t1 = time.perf_counter()
         loss_metrics = {}
         if cfg.train.update:  # off only in a control run that shows what the update contributes
-            loss_metrics = update(policy, optimizer, scheduler, trajs, adv[local], cfg, positions=local)
+            with tqdm(desc=f"step {step} update", unit="seq", leave=False, disable=quiet) as bar:
+                loss_metrics = update(policy, optimizer, scheduler, trajs, adv[local], cfg, local, progress=bar)
         t_update = time.perf_counter() - t1
         check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 

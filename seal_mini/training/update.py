@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
+from tqdm import tqdm
 
 from seal_mini.config import Config, ConfigError, TrainConfig
 from seal_mini.core.grpo import loss_divisors, policy_loss
@@ -50,6 +51,7 @@ def update(
     advantages: torch.Tensor,
     cfg: Config,
     positions: list[int] | None = None,
+    progress: tqdm | None = None,
 ):
     """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences.
 
@@ -62,8 +64,12 @@ def update(
     same summed loss and gradient, and any rank's non-finite value skips the step on all of them.
 
     A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
-    the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
+    the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits).
+
+    `progress` (a tqdm bar) counts this rank's sequences through a forward pass: its total is set here (each
+    sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back."""
     model, tc = policy.model, cfg.train
+    progress = tqdm(disable=True) if progress is None else progress
     params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
     positions = list(range(len(trajectories))) if positions is None else positions
@@ -74,8 +80,10 @@ def update(
         for start in range(0, round_size, per_mini)
     ]
     model.train()
-    if tc.old_logprobs == "recompute":  # the old log-probs of the current policy, before it takes a step
-        trajectories = recompute_old_logprobs(policy, trajectories, minis, cfg)
+    recompute = tc.old_logprobs == "recompute"
+    progress.reset(total=(1 + recompute) * sum(len(mini) for mini in minis))
+    if recompute:  # the old log-probs of the current policy, before it takes a step
+        trajectories = recompute_old_logprobs(policy, trajectories, minis, cfg, progress)
     # policy_loss divides every micro-batch by its mini-batch's counts, so metric sums over one
     # mini-batch are that mini-batch's means; averaging over the optimizer steps gives the round's.
     sums: dict[str, float] = {}
@@ -85,6 +93,7 @@ def update(
     def redo_smaller() -> None:  # out of memory: the failed try's partial gradients go, the next try is smaller
         optimizer.zero_grad(set_to_none=True)
         shrink_update(policy.limits, tc)
+        progress.n = bar_start  # the mini-batch's sequences count again
 
     for k, mini in enumerate(minis):
         counts = MiniBatchCounts(
@@ -94,7 +103,8 @@ def update(
         if counts.tokens == 0:
             continue
         batch = [trajectories[i] for i in mini]
-        attempt = partial(accumulate_gradients, policy, batch, advantages[mini], counts, cfg)
+        bar_start = progress.n
+        attempt = partial(accumulate_gradients, policy, batch, advantages[mini], counts, cfg, progress)
         mini_sums = until_it_fits(attempt, redo_smaller, policy.device)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
         mini_sums = all_reduce_sums(mini_sums)
@@ -133,9 +143,15 @@ def update(
 
 
 def accumulate_gradients(
-    policy, trajectories: list[Trajectory], advantages: torch.Tensor, counts: MiniBatchCounts, cfg: Config
+    policy,
+    trajectories: list[Trajectory],
+    advantages: torch.Tensor,
+    counts: MiniBatchCounts,
+    cfg: Config,
+    progress: tqdm,
 ) -> dict[str, float]:
-    """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums."""
+    """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
+    `progress` (a tqdm bar) advances by each micro-batch's sequences."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -154,11 +170,12 @@ def accumulate_gradients(
         loss.backward()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
+        progress.update(len(micro_adv))
     return sums
 
 
 def recompute_old_logprobs(
-    policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config
+    policy, trajectories: list[Trajectory], minis: list[list[int]], cfg: Config, progress: tqdm
 ) -> list[Trajectory]:
     """The trajectories with the current policy's log-probs as their old ones (train.old_logprobs: recompute).
 
@@ -166,9 +183,11 @@ def recompute_old_logprobs(
     first mini-batch's training forward computes the very same numbers and its ratio is exactly 1. Sampling
     runs other kernels (a KV cache, left padding, bf16 or 4-bit no-grad paths on a GPU), so the log-probs it
     recorded differ from the training forward's and would bias every ratio. Out of GPU memory: the shrunk
-    micro-batch or log-prob chunk, from the start."""
+    micro-batch or log-prob chunk, from the start. `progress` (a tqdm bar) advances by each micro-batch's sequences."""
+    start = progress.n
 
     def recompute() -> list[Trajectory]:
+        progress.n = start  # a retry after running out of memory counts from the start again
         micro_batch, chunk = update_limits(policy.limits, cfg.train)
         temperature = scored_temperature(cfg.rollout.temperature)
         out = list(trajectories)
@@ -181,6 +200,7 @@ def recompute_old_logprobs(
                     for row, i in enumerate(part):
                         n = len(trajectories[i].input_ids)
                         out[i] = replace(trajectories[i], old_logprobs=logp[row, :n].tolist())
+                    progress.update(len(part))
         return out
 
     return until_it_fits(recompute, lambda: shrink_update(policy.limits, cfg.train), policy.device)
