@@ -3,7 +3,8 @@ is seal_mini/programs/report.py).
 
 Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
 Table-2-style out-of-distribution result (BFCL V4 memory / web search, tau2 domains), the Table-3-style ablation table when several runs are given, held-in success over training steps,
-reward / KL / clip-fraction curves, the failure-label profile over steps, which interface cues were
+the training curves of metrics.jsonl (reward with a moving average, KL, clip fraction, loss, gradient norm,
+entropy, tokens per episode, time per step), the failure-label profile over steps, which interface cues were
 active when, and the distribution of diagnostic weights. Every number comes from eval/*.json,
 metrics.jsonl, rounds/*.json or trajectories/*.jsonl.gz; a section with no data says so.
 """
@@ -260,23 +261,97 @@ def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
     return True
 
 
+CURVES = [  # (title, y label, {metrics key: line label}, smoothed): one panel each, from metrics.jsonl
+    ("reward (training rollouts)", "mean reward (0/1 per episode)", {"charts/reward": ""}, True),
+    ("KL to the reference", "KL per sampled token", {"losses/kl_ref": ""}, False),
+    ("clip fraction", "share of sampled tokens", {"losses/clipfrac": ""}, False),
+    ("loss", "policy loss", {"losses/loss": ""}, True),
+    ("gradient norm", "L2 norm before clipping", {"losses/grad_norm": ""}, True),
+    ("entropy (estimate)", "nats per sampled token", {"policy/entropy_estimate": ""}, True),
+    (
+        "tokens per episode",
+        "tokens",
+        {"charts/episode_tokens_mean": "whole", "charts/sampled_tokens_mean": "sampled"},
+        False,
+    ),
+    (
+        "time per step",
+        "seconds",
+        {"time/step_s": "step", "time/rollout_s": "rollouts", "time/update_s": "update"},
+        False,
+    ),
+]
+
+
+def curve_panels(runs: list[dict]) -> tuple[list[tuple], list[str]]:
+    """The CURVES panels some run has values for, and the titles of those left out for being 0 at every step."""
+    drawn, flat = [], []
+    for panel in CURVES:
+        values = [r[k] for run in runs for r in run["metrics"] for k in panel[2] if k in r]
+        if values:
+            (drawn if any(values) else flat).append(panel)
+    return drawn, [panel[0] for panel in flat]
+
+
+def moving_average(ys: list[float], half: int) -> list[float]:
+    """Each point the mean of the points within `half` steps of it (fewer at the ends)."""
+    return [sum(ys[max(0, i - half) : i + half + 1]) / len(ys[max(0, i - half) : i + half + 1]) for i in range(len(ys))]
+
+
 def plot_curves(runs: list[dict], path: Path) -> bool:
-    keys = [("charts/reward", "reward"), ("losses/kl_ref", "KL to reference"), ("losses/clipfrac", "clip fraction")]
-    if not any(r["metrics"] for r in runs):
+    panels, _ = curve_panels(runs)
+    if not panels:
         return False
     plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
-    for ax, (key, title) in zip(axes, keys, strict=True):
-        for run in runs:
-            pts = [(r["step"], r[key]) for r in run["metrics"] if key in r]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, label=run["name"])
+    rows = -(-len(panels) // 4)
+    fig, axes = plt.subplots(rows, 4, figsize=(16, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (title, ylabel, keys, smoothed) in zip(axes.flat, panels, strict=False):
+        for i, run in enumerate(runs):
+            for j, (key, what) in enumerate(keys.items()):
+                color, style = f"C{i * len(keys) + j}", ("-", "--", ":")[j]  # a colour per line, a dash per key
+                pts = [(r["step"], r[key]) for r in run["metrics"] if key in r]
+                name = ", ".join(x for x in (run["name"] if len(runs) > 1 else "", what) if x)
+                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+                if smoothed and len(ys) > 2:  # the raw points faint, a centred moving average over them
+                    half = max(1, len(ys) // 20)
+                    prefix = f"{name}, " if name else ""
+                    ax.plot(xs, ys, "-o", ms=2.5, lw=0.7, alpha=0.35, color=color, label=f"{prefix}each step")
+                    ax.plot(
+                        xs,
+                        moving_average(ys, half),
+                        style,
+                        lw=2,
+                        color=color,
+                        label=f"{prefix}mean of {2 * half + 1} steps",
+                    )
+                elif pts:
+                    ax.plot(xs, ys, style, marker="o", ms=3, color=color, label=name or None)
         ax.set_title(title)
+        ax.set_ylabel(ylabel)
         _step_axis(ax, [r["step"] for run in runs for r in run["metrics"]])
-    axes[0].legend(fontsize=8)
+        if ax.get_legend_handles_labels()[1]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)
     return True
+
+
+def curves_note(runs: list[dict]) -> str:
+    """Why a training curve is missing from the figure: 0 at every step (the clip fraction, typically)."""
+    _, flat = curve_panels(runs)
+    if not flat:
+        return ""
+    note = f"Not drawn, 0 at every step: {', '.join(flat)}."
+    if "clip fraction" in flat:
+        steps = max((r.get("losses/optimizer_steps", 0) for run in runs for r in run["metrics"]), default=0)
+        note += (
+            " A round's first optimizer step scores the tokens under the policy that sampled them (ratio 1), so "
+            f"nothing clips there; only its later steps can clip, and this run's rounds took {steps} optimizer "
+            "step(s) at most (train.tasks_per_step / train.mini_batch_tasks)."
+        )
+    return note + "\n"
 
 
 def plot_labels(run: dict, path: Path) -> bool:
@@ -285,7 +360,7 @@ def plot_labels(run: dict, path: Path) -> bool:
         return False
     plt = _plt()
     steps = [r["step"] for r in rounds]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     bottom = [0.0] * len(rounds)
     for z in LABELS:
         ys = [r["profile"].get(z, {}).get("prevalence", 0.0) for r in rounds]
@@ -295,7 +370,8 @@ def plot_labels(run: dict, path: Path) -> bool:
     _step_axis(ax, steps)
     ax.set_ylabel("share of turns")
     ax.set_title("Failure-label profile per round")
-    ax.legend(fontsize=7, ncol=2)
+    handles, names = ax.get_legend_handles_labels()  # beside the bars, in the order they stack (top first)
+    ax.legend(handles[::-1], names[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     save_figure(fig, path)
     return True
@@ -411,7 +487,7 @@ def build_report(run_dirs: list[Path], out_dir: Path, command: str = "report") -
         if len(runs) > 1:
             parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]
         parts += ["## Held-in success over training\n", img("eval_over_steps.png", "held-in success")]
-        parts += ["## Training curves\n", img("curves.png", "reward, KL, clip fraction"), table_training(main)]
+        parts += ["## Training curves\n", img("curves.png", "training curves"), curves_note(runs), table_training(main)]
         parts += ["## Failure-label profile\n", img("labels.png", "label profile"), table_labels(main)]
         parts += ["## Interface cues\n", img("cues.png", "active cues"), cue_table(main)]
         parts += ["## Diagnostic weights\n", img("weights.png", "weights"), weights_summary(main)]
