@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from seal_mini import __version__
-from seal_mini.config import CATEGORIES, Config, ConfigError, saved_config
+from seal_mini.config import CATEGORIES, Config, ConfigError, config_from_dict, saved_config
 from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH
 from seal_mini.runio import atomic_write_text, check_model_folder, new_dir, read_json, read_metrics, run_lock
 
@@ -32,11 +32,12 @@ EXPORT_MARK = "seal_mini_config.yaml"
 """The run's recipe, written into every export: also how an earlier export is told from other folders."""
 
 
-def run_config(run_dir: Path) -> Config:
-    """The resolved config a run was trained with (RUN_DIR/config.yaml)."""
+def run_config(run_dir: Path, overrides: list[str] | tuple = ()) -> Config:
+    """The resolved config a run was trained with (RUN_DIR/config.yaml), with `key.sub=value` overrides."""
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: no config.yaml; give a run directory (runs/<name>)")
-    return saved_config(run_dir)
+    cfg = saved_config(run_dir)
+    return config_from_dict(cfg.to_dict(), overrides) if overrides else cfg
 
 
 def writable(out: Path, force: bool) -> Path:
