@@ -27,10 +27,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
-from seal_mini.config import Config, ConfigError, RolloutConfig
+from seal_mini.config import ConfigError, RolloutConfig
 from seal_mini.envs.episode import Episode, StepResult
-from seal_mini.envs.splits import load_split, tasks_for
-from seal_mini.runio import FileError, read_json
+from seal_mini.envs.splits import tasks_for
 
 Ask = Callable[[int, str], str]
 """(turn index, the task's own user text) -> the text to send."""
@@ -182,11 +181,11 @@ def main(argv: list[str]) -> int:
     args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
 
     from seal_mini.envs.scripted import POLICIES, play
-    from seal_mini.programs.export import run_config, trained_adapter
+    from seal_mini.programs.export import first_held_in, run_config, trained_adapter
 
     run_dir = Path(args.run_dir)
     cfg = run_config(run_dir, args.overrides)
-    task_id = args.task or _first_held_in(run_dir, cfg)
+    task_id = args.task or first_held_in(run_dir, cfg)
     (task,) = tasks_for([task_id], f"--task {task_id}")
     ask = replay if args.replay or not sys.stdin.isatty() else typed
     console = Console(Episode(task), ask)  # the benchmark's own limits, as in evaluation
@@ -209,14 +208,3 @@ def main(argv: list[str]) -> int:
     for line in verdict_lines(console):
         print(line)
     return 0
-
-
-def _first_held_in(run_dir: Path, cfg: Config) -> str:
-    """The first task of the run's held-in split: split.json as the run wrote it, else the config's split."""
-    path = run_dir / "split.json"
-    if not path.exists():
-        return load_split(cfg)["eval"][0]
-    split = read_json(path, "name a task with --task, or restore split.json")
-    if not isinstance(split, dict) or not split.get("eval"):
-        raise FileError(f"{path}: holds no held-in task ids; name a task with --task")
-    return split["eval"][0]
