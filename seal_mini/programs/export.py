@@ -115,6 +115,12 @@ def trained_on(cfg: Config) -> str:
     return f"the tasks of data.source: {cfg.data.source} ({categories})"
 
 
+def _split_sizes(run_dir: Path) -> str:
+    path = run_dir / "split.json"
+    split = read_json(path, "restore split.json (the run's task ids)") if path.is_file() else {}
+    return f", {len(split['train'])} training and {len(split['eval'])} held-in" if split.get("train") else ""
+
+
 def results_table(run_dir: Path) -> str:
     """Held-in success per category, backbone vs trained, from the run's eval/*.json."""
     paths = {tag: run_dir / "eval" / f"{tag}.json" for tag in ("base", "adapter")}
@@ -184,8 +190,8 @@ def model_card(
     else:
         base_text = (
             f"The base is in `{BASE_DIR}/` beside this card (it exists nowhere else); adapter_config.json names it "
-            f"by its absolute path, `{base_model}`, so move the folder whole or load the base by hand."
-            + _form_text(beside["llama"])
+            f"by its absolute path, `{base_model}`; once the folder moves (or comes from the Hub), load the base from "
+            f"`{BASE_DIR}/` by hand, as below." + _form_text(beside["llama"])
             if beside
             else f"The base loads from `{base_model}`."
         )
@@ -205,7 +211,7 @@ def model_card(
         f"training-time interface) on {trained_on(cfg)}. Evaluation ran the unchanged tasks (no interface), "
         f"greedy. {base_text}",
         "## Training\n\n"
-        f"- tasks: {trained_on(cfg)}\n"
+        f"- tasks: data.source {cfg.data.source}{_split_sizes(run_dir)}\n"
         f"- steps run: {steps} of {cfg.train.steps}; up to {cfg.train.tasks_per_step} tasks x {cfg.rollout.group_size} "
         f"rollouts per step; lr {cfg.train.lr}; KL {cfg.train.kl_coef}; clip {cfg.train.clip_ratio}\n"
         f"- LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha}, on {', '.join(cfg.lora.target_modules)}; base "
@@ -323,6 +329,7 @@ def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
     cfg = run_config(run_dir)
     adapter = trained_adapter(run_dir)
     adapter_config = read_json(adapter / "adapter_config.json", f"finish or resume the training of {run_dir}")
+    model_card(run_dir, cfg, cfg.model.name)  # each run file the card reads is checked before anything is built
     base = base_model(cfg)
     travels = base == TINY or (Path(base) / "identity.json").is_file()  # built by the kit: nowhere else
     if travels:
