@@ -406,7 +406,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", help="adapter folder to write (default RUN_DIR/export)")
     parser.add_argument("--merged", metavar="OUT", help="also write the base with the adapter merged in here")
     parser.add_argument("--dtype", default="float32", help="merged weights' dtype: float32 | bfloat16 | float16")
-    parser.add_argument("--device", default="cpu", help="where to merge (cpu needs the base's size in RAM)")
+    parser.add_argument("--device", default="cpu", help="where to merge (the base in float32: 4 bytes a parameter)")
     parser.add_argument("--push-to-hub", metavar="REPO", help="upload the adapter (and REPO-merged) to the Hub")
     parser.add_argument("--force", action="store_true", help="replace an --out / --merged folder that is not an export")
     args = parser.parse_args(argv)
