@@ -86,3 +86,58 @@ def test_a_practice_task_plays_too(run_dir, capsys):
     assert main([str(run_dir), "--task", task, "--scripted", "ground_truth", "--replay"]) == 0
     out = capsys.readouterr().out
     assert f"[task] {task}" in out and "[verdict] reward 1 (passed)" in out
+
+
+def test_overrides_raise_the_limits_and_a_cut_prompt_is_named(run_dir, capsys):
+    from seal_mini.engine.render import ChatRenderer
+    from seal_mini.engine.tiny import tiny_tokenizer
+
+    messages, tools = Episode(tasks_by_id()[TASK]).reset()
+    prompt = len(ChatRenderer(tiny_tokenizer(), "template").prompt_ids(messages, tools))
+    assert main([str(run_dir), "rollout.max_prompt_tokens=64", "--task", TASK, "rollout.max_total_tokens=128"]) == 0
+    out = capsys.readouterr().out
+    assert f"[cut] the first prompt is {prompt} tokens, over rollout.max_prompt_tokens=64: the model never ran" in out
+    assert "rollout.max_prompt_tokens=" in out.split("Raise it")[1] and "[assistant]" not in out
+    assert main([str(run_dir), "--task", TASK, f"rollout.max_prompt_tokens={prompt}"]) == 0  # now it fits
+    out = capsys.readouterr().out
+    assert "[assistant] " in out and "the first prompt is" not in out
+    # the random model never stops by itself: its messages run to max_new_tokens (24) and are named
+    assert "assistant messages reached rollout.max_new_tokens=24 and went to the environment unfinished" in out
+    with pytest.raises(ConfigError, match="rollout.nope"):
+        main([str(run_dir), "rollout.nope=1"])
+
+
+@pytest.mark.unit
+def test_cut_lines_name_the_limit_that_ended_an_episode():
+    from types import SimpleNamespace
+
+    from seal_mini.config import RolloutConfig
+    from seal_mini.programs.chat import cut_lines
+
+    r = RolloutConfig(max_new_tokens=64, max_prompt_tokens=1024, max_response_tokens=512, max_total_tokens=2048)
+
+    def traj(ids: int, truncated: bool, sampled: int = 0, cut: int = 0):
+        return SimpleNamespace(input_ids=[0] * ids, truncated=truncated, n_sampled=sampled, n_cut=cut, n_messages=3)
+
+    assert cut_lines(traj(900, False, 100), r, 700) == []
+    (prompt,) = cut_lines(traj(0, True), r, 4356)
+    assert "4356 tokens, over rollout.max_prompt_tokens=1024" in prompt
+    assert prompt.endswith("rollout.max_prompt_tokens=8192 rollout.max_total_tokens=16384")
+    tight = RolloutConfig(max_prompt_tokens=2040, max_total_tokens=2048)  # room for a prompt: 2048 - 1 - closing
+    (room,) = cut_lines(traj(0, True), tight, 2040)
+    assert "over the room rollout.max_total_tokens=2048 leaves" in room
+    (response,) = cut_lines(traj(1500, True, 512), r, 300)
+    assert "rollout.max_response_tokens=512" in response and response.endswith("rollout.max_total_tokens=2560")
+    total, message = cut_lines(traj(2040, True, 300, cut=2), r, 300)
+    assert "reached rollout.max_total_tokens=2048 (prompt, messages and tool results: 2040 tokens)" in total
+    assert message.startswith("[cut] 2 of 3 assistant messages reached rollout.max_new_tokens=64")
+
+
+def test_the_default_task_follows_the_runs_config_without_a_split_file(tmp_path, capsys):
+    from seal_mini.envs.splits import load_split
+
+    cfg = load_config(overrides=TINY + [f"out_dir={tmp_path}", "name=practice", "data.source=practice"])
+    write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())  # no split.json: the config's split decides
+    assert main([str(cfg.run_dir), "--scripted", "ground_truth", "--replay"]) == 0
+    out = capsys.readouterr().out
+    assert f"[task] {load_split(cfg)['eval'][0]}:" in out and "[verdict] reward 1 (passed)" in out

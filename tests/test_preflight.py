@@ -2,12 +2,14 @@
 engine and update; known shapes; clear exits when a recipe does not fit (out-of-memory injected)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.engine.rollout import kv_bytes_per_token
+from seal_mini.envs.splits import load_split
 from seal_mini.programs import preflight
 
 
@@ -98,3 +100,47 @@ def test_unknown_model_and_gpu_cap_on_cpu_are_clear_errors(tmp_path):
     assert local["model_type"] == "llama" and local["hidden_size"] == 64
     with pytest.raises(ConfigError, match="--gpu-mem-gb: needs a CUDA GPU"):
         preflight.preflight(load_config("recipes/qwen2_5_3b.yaml", ["device=cpu"]), gpu_mem_gb=16)
+
+
+SHIPPED = sorted(str(p) for p in (*Path("recipes").glob("*.yaml"), *Path("recipes/ablations").glob("*.yaml")))
+
+
+@pytest.mark.parametrize("recipe", SHIPPED)
+def test_every_shipped_recipe_has_a_shape(recipe):
+    cfg = load_config(recipe)
+    shape = preflight.architecture(cfg, shrink=False)
+    assert shape["model_type"] in ("qwen2", "llama") and shape["num_hidden_layers"] >= 1
+    if cfg.model.name == "scratch":  # the recipe's own sizes, not a stand-in's
+        s = cfg.model.scratch
+        assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_key_value_heads"]) == (
+            s.hidden,
+            s.layers,
+            s.kv_heads,
+        )
+
+
+@pytest.mark.parametrize(
+    "recipe, overrides",
+    [
+        ("recipes/cpu_smoke.yaml", []),
+        (
+            "recipes/cpu_learn.yaml",
+            ["train.tasks_per_step=2", "train.mini_batch_tasks=2", "rollout.group_size=4", "train.micro_batch=4"],
+        ),
+    ],
+)
+def test_the_kits_own_models_run_at_the_recipes_own_scale(capsys, recipe, overrides):
+    code = preflight.main([recipe, "cpu_threads=1", *overrides])
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    cfg = load_config(recipe, overrides)
+    assert code == 0 and result["fits"] and "shrunk scale" not in out, out[-2000:]
+    r = result["rollout"]
+    assert r["episodes"] == 2 * cfg.rollout.group_size and r["out_of_memory"] == 0
+    # the recipe's lengths: one group grows towards max_total_tokens, the others are as long as its tasks
+    assert cfg.rollout.max_total_tokens // 2 < r["longest_tokens"] <= cfg.rollout.max_total_tokens
+    assert r["typical_tokens"] < cfg.rollout.max_prompt_tokens
+    held_in = len(load_split(cfg)["eval"])
+    every = cfg.train.eval_every
+    during = len([s for s in range(1, cfg.train.steps) if s % every == 0])
+    assert result["projection"]["eval_episodes"] == min(held_in, cfg.data.max_eval_tasks or held_in) * (during + 2)

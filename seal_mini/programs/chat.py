@@ -1,9 +1,16 @@
-"""`python -m seal_mini chat RUN_DIR`: play one BFCL task with the trained agent, on the bare benchmark.
+"""`python -m seal_mini chat RUN_DIR [key.sub=value ...]`: play one task with the trained agent, on the bare benchmark.
 
-    python -m seal_mini chat runs/qwen2_5_3b_seal                      # the first held-in task
+    python -m seal_mini chat runs/qwen2_5_3b_seal                      # the run's first held-in task
     python -m seal_mini chat runs/qwen2_5_3b_seal --task multi_turn_base_12
     python -m seal_mini chat runs/qwen2_5_3b_seal --backbone            # the same model, adapter off
     python -m seal_mini chat runs/qwen2_5_3b_seal --replay              # no typing: the task's own turns
+    python -m seal_mini chat runs/cpu_learn --task multi_turn_base_12 \
+        rollout.max_prompt_tokens=8192 rollout.max_total_tokens=16384   # a BFCL task on a practice run
+
+Any task plays: the run's own (BFCL V3 or practice), or any other by id. Overrides change the run's saved
+config for this chat only, e.g. the length limits (rollout.max_prompt_tokens, rollout.max_new_tokens,
+rollout.max_response_tokens, rollout.max_total_tokens): the run's own limits apply unless raised, and when
+one cuts a prompt or a message, a `[cut]` line names it and the override that raises it.
 
 At each user turn you see the task's own text; press Enter to send it, or type something else. The agent's
 messages, every tool call and what the back end answered are printed as they happen, and at the end the
@@ -20,10 +27,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
-from seal_mini.config import ConfigError
+from seal_mini.config import ConfigError, RolloutConfig
 from seal_mini.envs.episode import Episode, StepResult
 from seal_mini.envs.splits import tasks_for
-from seal_mini.runio import FileError, read_json
 
 Ask = Callable[[int, str], str]
 """(turn index, the task's own user text) -> the text to send."""
@@ -77,6 +83,10 @@ class Console:
             self.out(f"\n[episode ended: {self.env.ended_by}]")
         return result
 
+    def truncate(self) -> None:
+        self.env.truncate()
+        self.out("\n[episode ended: truncated by a length limit, see [cut] below]")
+
     def _user_turn(self, messages: list[dict]) -> list[dict]:
         """The opening messages of a user turn, with the user's text as `ask` decides it."""
         index = len(self.env.turns) - 1
@@ -120,21 +130,62 @@ def verdict_lines(console: Console) -> list[str]:
     return lines
 
 
+def cut_lines(trajectory, limits: RolloutConfig, prompt_tokens: int) -> list[str]:
+    """What the rollout's length limits cut in a played episode (seal_mini.engine.sequences applies them),
+    each naming the limit and the override that raises it; `prompt_tokens` is the first prompt's length."""
+    r, lines = limits, []
+    if trajectory.truncated and not trajectory.input_ids:  # the prompt alone was over a limit: no model call
+        limit = f"rollout.max_prompt_tokens={r.max_prompt_tokens}"
+        if prompt_tokens <= r.max_prompt_tokens:
+            limit = f"the room rollout.max_total_tokens={r.max_total_tokens} leaves"
+        room = _power_of_two(prompt_tokens + 1)
+        lines.append(
+            f"[cut] the first prompt is {prompt_tokens} tokens, over {limit}: the model never ran. Raise it, e.g. "
+            f"rollout.max_prompt_tokens={room} rollout.max_total_tokens={max(r.max_total_tokens, 2 * room)}"
+        )
+    elif trajectory.truncated and trajectory.n_sampled >= r.max_response_tokens:
+        lines.append(
+            f"[cut] the model wrote rollout.max_response_tokens={r.max_response_tokens} tokens in this episode and "
+            f"it ended there. Raise it, e.g. rollout.max_response_tokens={2 * r.max_response_tokens} "
+            f"rollout.max_total_tokens={r.max_total_tokens + r.max_response_tokens}"
+        )
+    elif trajectory.truncated:
+        lines.append(
+            f"[cut] the episode reached rollout.max_total_tokens={r.max_total_tokens} (prompt, messages and tool "
+            f"results: {len(trajectory.input_ids)} tokens) and ended there. Raise it, e.g. "
+            f"rollout.max_total_tokens={2 * r.max_total_tokens}"
+        )
+    if trajectory.n_cut:
+        lines.append(
+            f"[cut] {trajectory.n_cut} of {trajectory.n_messages} assistant messages reached rollout.max_new_tokens="
+            f"{r.max_new_tokens} and went to the environment unfinished. Raise it, e.g. "
+            f"rollout.max_new_tokens={2 * r.max_new_tokens}"
+        )
+    return lines
+
+
+def _power_of_two(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini chat", description="play one task with an agent")
     parser.add_argument("run_dir", help="runs/<name>, a finished training run")
-    parser.add_argument("--task", help="a task id, BFCL V3 or practice (default: the run's first held-in task)")
+    parser.add_argument(
+        "overrides", nargs="*", help="key.sub=value on the run's config, e.g. rollout.max_new_tokens=256"
+    )
+    parser.add_argument("--task", help="a task id, the run's own or BFCL V3 (default: the run's first held-in task)")
     parser.add_argument("--backbone", action="store_true", help="the backbone alone (adapter off)")
     parser.add_argument("--replay", action="store_true", help="send the task's own turns without asking")
     parser.add_argument("--scripted", help="a scripted policy instead of the model: ground_truth | empty | ...")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
 
     from seal_mini.envs.scripted import POLICIES, play
-    from seal_mini.programs.export import run_config, trained_adapter
+    from seal_mini.programs.export import first_held_in, run_config, trained_adapter
 
     run_dir = Path(args.run_dir)
-    cfg = run_config(run_dir)
-    task_id = args.task or _first_held_in(run_dir)
+    cfg = run_config(run_dir, args.overrides)
+    task_id = args.task or first_held_in(run_dir, cfg)
     (task,) = tasks_for([task_id], f"--task {task_id}")
     ask = replay if args.replay or not sys.stdin.isatty() else typed
     console = Console(Episode(task), ask)  # the benchmark's own limits, as in evaluation
@@ -150,17 +201,10 @@ def main(argv: list[str]) -> int:
         cfg.lora.adapter_path = str(trained_adapter(run_dir))
         policy = load_policy(cfg)
         with policy.backbone() if args.backbone else nullcontext():
-            run_rollouts(policy, [console], cfg.rollout, cfg.eval.temperature, cfg.seed)
+            (played,) = run_rollouts(policy, [console], cfg.rollout, cfg.eval.temperature, cfg.seed)
+        prompt_tokens = played.prompt_len or len(policy.renderer.prompt_ids(played.messages, played.tools))
+        for line in cut_lines(played, cfg.rollout, prompt_tokens):
+            print(line)
     for line in verdict_lines(console):
         print(line)
     return 0
-
-
-def _first_held_in(run_dir: Path) -> str:
-    path = run_dir / "split.json"
-    if not path.exists():
-        raise ConfigError(f"{run_dir}: no split.json; name a task with --task")
-    split = read_json(path, "name a task with --task, or restore split.json")
-    if not isinstance(split, dict) or not split.get("eval"):
-        raise FileError(f"{path}: holds no held-in task ids; name a task with --task")
-    return split["eval"][0]

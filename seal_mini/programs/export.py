@@ -5,12 +5,17 @@
     python -m seal_mini export RUN_DIR --push-to-hub USER/NAME   # upload (only when asked)
 
 The adapter folder is peft's own format, so it loads as is:
-  transformers + peft   PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE), "RUN_DIR/export")
+  transformers + peft   AutoPeftModelForCausalLM.from_pretrained("RUN_DIR/export")
   vLLM                  LLM(BASE, enable_lora=True) ... LoRARequest("seal", 1, "RUN_DIR/export")
+Its base_model_name_or_path loads from any directory: a hub id stays one, a local folder is named by its
+absolute path, and a base that only the run has (tiny-random, a warm start built by `sft`) is exported
+beside the adapter in base/ and named by that folder's absolute path.
 The merged folder is a plain transformers model (weights, tokenizer and chat template) that any server
-loads without peft. The adapter was trained on top of 4-bit (NF4) base weights; merging adds it to the
-unquantized base in --dtype, which is what serving stacks do, so the merged model's log-probs differ
-from the training policy's by the quantization error of the base (not by the adapter).
+loads without peft. Merging adds the adapter to the unquantized base in float32 and saves it in --dtype
+(float32 by default); the card states the largest log-prob gap this leaves against the adapter on the
+same base, measured on the run's first held-in prompt. A run trained on 4-bit (NF4) base weights differs
+from both by the quantization error of the base, as any server of the unquantized base does.
+Every saved model is checked to load back through AutoTokenizer with the run's own token ids (save_model).
 """
 
 from __future__ import annotations
@@ -24,19 +29,30 @@ from pathlib import Path
 import yaml
 
 from seal_mini import __version__
-from seal_mini.config import CATEGORIES, Config, ConfigError, saved_config
-from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH
-from seal_mini.runio import atomic_write_text, check_model_folder, new_dir, read_json, read_metrics, run_lock
+from seal_mini.config import CATEGORIES, Config, ConfigError, config_from_dict, saved_config
+from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH, TINY, TOKENIZER_PROBE, warm_start_dir
+from seal_mini.envs.splits import load_split, tasks_for
+from seal_mini.runio import (
+    FileError,
+    atomic_write_text,
+    check_model_folder,
+    new_dir,
+    read_json,
+    read_metrics,
+    run_lock,
+    write_json,
+)
 
 EXPORT_MARK = "seal_mini_config.yaml"
 """The run's recipe, written into every export: also how an earlier export is told from other folders."""
 
 
-def run_config(run_dir: Path) -> Config:
-    """The resolved config a run was trained with (RUN_DIR/config.yaml)."""
+def run_config(run_dir: Path, overrides: list[str] | tuple = ()) -> Config:
+    """The resolved config a run was trained with (RUN_DIR/config.yaml), with `key.sub=value` overrides."""
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: no config.yaml; give a run directory (runs/<name>)")
-    return saved_config(run_dir)
+    cfg = saved_config(run_dir)
+    return config_from_dict(cfg.to_dict(), overrides) if overrides else cfg
 
 
 def writable(out: Path, force: bool) -> Path:
@@ -65,25 +81,62 @@ def trained_adapter(run_dir: Path) -> Path:
     return adapter
 
 
+def first_held_in(run_dir: Path, cfg: Config) -> str:
+    """The first task of the run's held-in split: split.json as the run wrote it, else the config's split."""
+    path = run_dir / "split.json"
+    if not path.exists():
+        return load_split(cfg)["eval"][0]
+    split = read_json(path, "name a task with --task, or restore split.json")
+    if not isinstance(split, dict) or not split.get("eval"):
+        raise FileError(f"{path}: holds no held-in task ids; name a task with --task")
+    return split["eval"][0]
+
+
 # --- the model card ----------------------------------------------------------------------------------
+
+MERGE_GAP_TOKENS = 512
+"""Tokens of the run's first held-in prompt on which the merged model's log-probs are compared."""
 
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.2f}"
 
 
+def trained_on(cfg: Config) -> str:
+    """What the run's tasks were (data.source), in words for the card."""
+    categories = ", ".join(cfg.data.categories)
+    if cfg.data.source == "bfcl":
+        return f"BFCL V3 multi-turn tool-use tasks ({categories})"
+    if cfg.data.source == "practice":
+        return (
+            f"the kit's practice tasks ({categories}; data.source: practice): short multi-turn tool tasks "
+            "generated on BFCL's back ends, not BFCL V3 itself, so its scores say nothing about BFCL"
+        )
+    return f"the tasks of data.source: {cfg.data.source} ({categories})"
+
+
+def _split_sizes(run_dir: Path) -> str:
+    path = run_dir / "split.json"
+    split = read_json(path, "restore split.json (the run's task ids)") if path.is_file() else {}
+    return f", {len(split['train'])} training and {len(split['eval'])} held-in" if split.get("train") else ""
+
+
 def results_table(run_dir: Path) -> str:
-    """Held-in BFCL V3 success per category, backbone vs trained, from the run's eval/*.json."""
+    """Held-in success per category, backbone vs trained, from the run's eval/*.json."""
     paths = {tag: run_dir / "eval" / f"{tag}.json" for tag in ("base", "adapter")}
     evals = {tag: read_json(path) for tag, path in paths.items() if path.exists()}
     if not evals:
         return "_No held-in evaluation in this run yet._\n"
-    header = "| policy | " + " | ".join(CATEGORIES) + " | mean |\n|---|" + "---|" * (len(CATEGORIES) + 1) + "\n"
+    seen = {c for e in evals.values() for c in e["success"] if c != "mean"}
+    columns = [c for c in CATEGORIES if c in seen] + sorted(seen - set(CATEGORIES)) + ["mean"]
+    header = "| policy | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
     rows = []
     for tag, e in evals.items():
-        cells = [_pct(e["success"].get(c)) for c in (*CATEGORIES, "mean")]
+        cells = [_pct(e["success"].get(c)) for c in columns]
         rows.append(f"| {'backbone' if tag == 'base' else 'trained adapter'} | " + " | ".join(cells) + " |")
-    return header + "\n".join(rows) + "\n"
+    sizes = sorted({e["n_tasks"] for e in evals.values() if "n_tasks" in e})
+    over = f"\n\nOver {' / '.join(map(str, sizes))} held-in tasks, greedy." if sizes else ""
+    return header + "\n".join(rows) + over + "\n"
 
 
 def suites_table(run_dir: Path) -> str:
@@ -97,91 +150,242 @@ def suites_table(run_dir: Path) -> str:
     return "\n".join(lines) + "\n" if lines else "_None evaluated._\n"
 
 
-def model_card(run_dir: Path, cfg: Config, base_model: str, merged: bool = False) -> str:
-    """README.md for an export: what it is, how it was trained, what it scored, how to load it."""
+def is_hub_id(name: str) -> bool:
+    """A Hugging Face Hub id (owner/name), not a local folder or a model the kit builds."""
+    return name.count("/") == 1 and not Path(name).exists() and not name.startswith((".", "/"))
+
+
+def model_card(
+    run_dir: Path, cfg: Config, base_model: str, merged: dict | None = None, beside: dict | None = None
+) -> str:
+    """README.md for an export: what it is, what it trained on and scored, how to load it. `base_model` is
+    how the base is loaded (a hub id, a folder); `beside`, given when the base was exported into base/, and
+    `merged`, given for a merged model, say how it was saved (save_model's Llama form; dtype, log-prob gap
+    over how many tokens)."""
     steps = max((m["step"] for m in read_metrics(run_dir)), default=-1) + 1
     if not cfg.interface.enabled:
         interface = "off"
     else:
         interface = "on (closed loop)" if cfg.interface.closed_loop else "on (open loop)"
-    front = {"base_model": base_model, "tags": ["seal_mini", "tool-use", "bfcl", "grpo", "lora"]}
+    tags = ["seal_mini", "tool-use", *(["bfcl"] if cfg.data.source == "bfcl" else []), "grpo", "lora"]
+    front: dict = {"base_model": base_model} if is_hub_id(base_model) else {}
+    front["tags"] = tags
     if not merged:
         front["library_name"] = "peft"
-    what = "merged into its base weights" if merged else "a LoRA adapter"
-    # a tokenizer trained here: AutoTokenizer would rebuild it with Qwen's pre-tokenizer (engine.policy.load_tokenizer)
-    tok = "PreTrainedTokenizerFast" if cfg.model.name == SCRATCH else "AutoTokenizer"
+    built = "A small Qwen2 built from scratch" if cfg.model.name == SCRATCH else f"`{cfg.model.name}`"
+    if cfg.sft.enabled:
+        built += ", warm-started by supervised fine-tuning (seal_mini sft),"
+    what = "with its LoRA adapter merged into the weights" if merged else "with a LoRA adapter"
     if merged:
+        base_text = (
+            f"Merged in float32 and saved in {merged['dtype']}: over the first {merged['tokens']} tokens of the "
+            f"run's first held-in prompt its log-probs differ from the adapter's on the same unquantized base "
+            f"by at most {merged['gap']:.1e}." + _form_text(merged["llama"])
+        )
         use = (
-            f"```python\nfrom transformers import AutoModelForCausalLM, {tok}\n\n"
+            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
             'model = AutoModelForCausalLM.from_pretrained("<this folder or repo>")\n'
-            f'tokenizer = {tok}.from_pretrained("<this folder or repo>")\n```\n'
+            'tokenizer = AutoTokenizer.from_pretrained("<this folder or repo>")\n```\n'
         )
     else:
+        base_text = (
+            f"The base is in `{BASE_DIR}/` beside this card (it exists nowhere else); adapter_config.json names it "
+            f"by its absolute path, `{base_model}`; once the folder moves (or comes from the Hub), load the base from "
+            f"`{BASE_DIR}/` by hand, as below." + _form_text(beside["llama"])
+            if beside
+            else f"The base loads from `{base_model}`."
+        )
+        base = f'"<this folder>/{BASE_DIR}"' if beside else f'"{base_model}"'
         use = (
-            f"```python\nfrom peft import PeftModel\nfrom transformers import AutoModelForCausalLM, {tok}\n\n"
-            f'base = AutoModelForCausalLM.from_pretrained("{base_model}")\n'
-            'model = PeftModel.from_pretrained(base, "<this folder or repo>")\n'
-            f'tokenizer = {tok}.from_pretrained("{base_model}")\n```\n\n'
-            'With vLLM: `LLM(base, enable_lora=True)` and `LoRARequest("seal", 1, "<this folder>")` per request.\n'
+            "```python\nfrom peft import AutoPeftModelForCausalLM, PeftModel\nfrom transformers import "
+            "AutoModelForCausalLM, AutoTokenizer\n\n"
+            'model = AutoPeftModelForCausalLM.from_pretrained("<this folder>")  # the base named in adapter_config.json\n'
+            f'# or: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained({base}), "<this folder>")\n'
+            f"tokenizer = AutoTokenizer.from_pretrained({base})\n```\n\n"
+            f'With vLLM: `LLM({base}, enable_lora=True)` and `LoRARequest("seal", 1, "<this folder>")` per request.\n'
         )
     sections = [
         "---\n" + yaml.safe_dump(front, sort_keys=False) + "---",
         f"# {cfg.name}",
-        f"`{base_model}` with {what}, trained by seal_mini {__version__} (SEAL: diagnosis-weighted GRPO with an "
-        "evolving training-time interface) on BFCL V3 multi-turn tool-use tasks. Evaluation ran the unchanged "
-        "benchmark (no interface), greedy.",
+        f"{built} {what}, trained by seal_mini {__version__} (SEAL: diagnosis-weighted GRPO with an evolving "
+        f"training-time interface) on {trained_on(cfg)}. Evaluation ran the unchanged tasks (no interface), "
+        f"greedy. {base_text}",
         "## Training\n\n"
+        f"- tasks: data.source {cfg.data.source}{_split_sizes(run_dir)}\n"
         f"- steps run: {steps} of {cfg.train.steps}; up to {cfg.train.tasks_per_step} tasks x {cfg.rollout.group_size} "
         f"rollouts per step; lr {cfg.train.lr}; KL {cfg.train.kl_coef}; clip {cfg.train.clip_ratio}\n"
         f"- LoRA rank {cfg.lora.rank}, alpha {cfg.lora.alpha}, on {', '.join(cfg.lora.target_modules)}; base "
         f"weights {'4-bit NF4' if cfg.model.load_in_4bit else 'unquantized'} during training\n"
         f"- reweighting {'on' if cfg.train.reweight else 'off'}; interface {interface}; rho update "
         f"{cfg.diagnosis.rho_update}; seed {cfg.seed}\n"
+        f"- length limits: prompt {cfg.rollout.max_prompt_tokens}, message {cfg.rollout.max_new_tokens}, episode "
+        f"{cfg.rollout.max_total_tokens} tokens\n"
         "- the full resolved recipe is `seal_mini_config.yaml` beside this card",
-        "## Held-in BFCL V3 multi-turn (success, %)\n\n" + results_table(run_dir),
+        f"## Held-in {'BFCL V3 multi-turn' if cfg.data.source == 'bfcl' else cfg.data.source} tasks (success, %)\n\n"
+        + results_table(run_dir),
         "## Out-of-distribution suites\n\n" + suites_table(run_dir),
         "## Use\n\n" + use,
     ]
     return "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
 
 
+def _form_text(llama: bool) -> str:
+    """What the card says about a model saved in its Llama form (save_model)."""
+    if not llama:
+        return ""
+    return (
+        " It is saved as a LlamaForCausalLM with attention biases, the same function as the Qwen2 it was trained "
+        "as, so that AutoTokenizer reads the tokenizer it was trained with (for a qwen2 model it would rebuild "
+        "the tokenizer with Qwen's own pre-tokenizer, and the ids would differ)."
+    )
+
+
+# --- saving a model so that AutoTokenizer reads it right -----------------------------------------------
+
+
+def as_llama(model):
+    """The same function in Llama's form: Qwen2 is Llama with biased q, k and v projections, so a Llama with
+    attention biases and a zero o_proj bias computes exactly what the Qwen2 did."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    c = model.config
+    assert not getattr(c, "use_sliding_window", False), "a sliding-window Qwen2 has no Llama form"
+    config = LlamaConfig(
+        **{k: getattr(c, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers")},
+        **{k: getattr(c, k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_act", "rms_norm_eps")},
+        **{k: getattr(c, k) for k in ("max_position_embeddings", "rope_parameters", "tie_word_embeddings")},
+        **{k: getattr(c, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")},
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads,
+        attention_bias=True,
+        mlp_bias=False,
+    )
+    state = dict(model.state_dict())
+    for i in range(c.num_hidden_layers):
+        state[f"model.layers.{i}.self_attn.o_proj.bias"] = torch.zeros(c.hidden_size, dtype=model.dtype)
+    llama = LlamaForCausalLM(config).to(model.dtype)
+    llama.load_state_dict(state, strict=True)
+    llama.generation_config = model.generation_config
+    return llama.eval()
+
+
+def _reads_back(folder: Path, tokenizer) -> bool:
+    """Whether AutoTokenizer loads the folder's tokenizer with the same ids and chat template as `tokenizer`."""
+    from transformers import AutoTokenizer
+
+    auto = AutoTokenizer.from_pretrained(str(folder))
+    ids = [t.encode(TOKENIZER_PROBE, add_special_tokens=False) for t in (auto, tokenizer)]
+    return ids[0] == ids[1] and len(auto) == len(tokenizer) and auto.chat_template == tokenizer.chat_template
+
+
+def save_model(model, tokenizer, folder: Path) -> bool:
+    """Weights, config and tokenizer into `folder`, loadable by AutoModelForCausalLM and AutoTokenizer with the
+    run's own token ids. AutoTokenizer rebuilds the tokenizer of every qwen2 model with Qwen's pre-tokenizer,
+    which cuts a tokenizer trained here (engine/scratch.py, engine/tiny.py) differently; such a model is saved
+    in its Llama form (as_llama), whose tokenizer AutoTokenizer reads from the folder's tokenizer.json.
+    Returns whether it was saved in that form."""
+    model.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    settings = read_json(folder / "tokenizer_config.json")
+    for how_it_was_loaded in ("is_local", "local_files_only"):  # not settings of the tokenizer
+        settings.pop(how_it_was_loaded, None)
+    write_json(folder / "tokenizer_config.json", settings)
+    llama = not _reads_back(folder, tokenizer) and model.config.model_type == "qwen2"
+    if llama:
+        as_llama(model).save_pretrained(str(folder))
+    if not _reads_back(folder, tokenizer):
+        raise ConfigError(
+            f"{folder}: AutoTokenizer does not read this tokenizer as the run's ({type(tokenizer).__name__}); "
+            "load it with PreTrainedTokenizerFast.from_pretrained, never with AutoTokenizer"
+        )
+    return llama
+
+
 # --- export -------------------------------------------------------------------------------------------
+
+BASE_DIR = "base"
+"""The export's subfolder for a base that exists only in the run (tiny-random, a warm start)."""
+
+
+def base_model(cfg: Config) -> str:
+    """The model the adapter was trained on: the run's warm start (sft.enabled) or model.name."""
+    return str(warm_start_dir(cfg)) if cfg.sft.enabled else cfg.model.name
+
+
+def _unquantized(cfg: Config) -> Config:
+    cfg = copy.deepcopy(cfg)
+    cfg.model.load_in_4bit = False  # merging into 4-bit weights would round the adapter away
+    cfg.model.cpu_4bit = False
+    return cfg
 
 
 def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
-    """Copy the trained adapter and write its model card and the run's recipe beside it."""
+    """Copy the trained adapter, naming a base that loads from anywhere, with its model card and the run's
+    recipe beside it; a base only the run has (tiny-random, a warm start) goes into out/base."""
+    import torch
+
+    from seal_mini.engine.policy import load_hf_base
+
     cfg = run_config(run_dir)
     adapter = trained_adapter(run_dir)
     adapter_config = read_json(adapter / "adapter_config.json", f"finish or resume the training of {run_dir}")
-    base_model = adapter_config.get("base_model_name_or_path") or cfg.model.name
+    model_card(run_dir, cfg, cfg.model.name)  # each run file the card reads is checked before anything is built
+    base = base_model(cfg)
+    travels = base == TINY or (Path(base) / "identity.json").is_file()  # built by the kit: nowhere else
+    if travels:
+        base = str(out.resolve() / BASE_DIR)
+    elif Path(base).exists():
+        base = str(Path(base).resolve())
     with new_dir(writable(out, force)) as tmp:
-        for name in ADAPTER_FILES:
-            shutil.copyfile(adapter / name, tmp / name)
-        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, base_model))
+        shutil.copyfile(adapter / "adapter_model.safetensors", tmp / "adapter_model.safetensors")
+        write_json(tmp / "adapter_config.json", {**adapter_config, "base_model_name_or_path": base})
+        if travels:
+            model, tokenizer = load_hf_base(_unquantized(cfg), torch.device("cpu"), torch.float32)
+            llama = save_model(model, tokenizer, tmp / BASE_DIR)
+        card = model_card(run_dir, cfg, base, beside={"llama": llama} if travels else None)
+        atomic_write_text(tmp / "README.md", card)
         shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 
 
-def export_merged(run_dir: Path, out: Path, dtype: str = "bfloat16", device: str = "cpu", force: bool = False) -> Path:
-    """The base in `dtype` (never 4-bit) with the adapter merged in, saved as a plain transformers model."""
+def _held_in_prompt(run_dir: Path, cfg: Config, tokenizer) -> list[int]:
+    """Token ids of the run's first held-in prompt (the first MERGE_GAP_TOKENS), as the run rendered it."""
+    from seal_mini.engine.render import ChatRenderer
+    from seal_mini.envs.episode import Episode
+
+    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json")
+    return ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())[:MERGE_GAP_TOKENS]
+
+
+def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str = "cpu", force: bool = False) -> Path:
+    """The base with the adapter merged in float32, saved in `dtype` (never 4-bit) as a plain transformers
+    model; the card states the log-prob gap to the unmerged adapter on the run's first held-in prompt."""
     import torch
     from peft import PeftModel
 
     from seal_mini.engine.device import DTYPES
+    from seal_mini.engine.logprobs import token_logprobs
     from seal_mini.engine.policy import load_hf_base
 
-    cfg = copy.deepcopy(run_config(run_dir))
-    cfg.model.load_in_4bit = False  # merging into 4-bit weights would round the adapter away
-    cfg.model.cpu_4bit = False
+    cfg = run_config(run_dir)
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype}: choose from {sorted(DTYPES)}")
     writable(out, force)
-    base, tokenizer = load_hf_base(cfg, torch.device(device), DTYPES[dtype])
-    model = PeftModel.from_pretrained(base, str(trained_adapter(run_dir))).merge_and_unload()
+    base, tokenizer = load_hf_base(_unquantized(cfg), torch.device(device), torch.float32)
+    model = PeftModel.from_pretrained(base, str(trained_adapter(run_dir))).eval()
+    ids = torch.tensor([_held_in_prompt(run_dir, cfg, tokenizer)], device=device)  # (1, T)
+    ones, scored = torch.ones_like(ids), torch.ones_like(ids, dtype=torch.float32)
+    scored[:, 0] = 0  # the first token has no context
+    with torch.no_grad():
+        before = token_logprobs(model, ids, ones, scored)
+        model = model.merge_and_unload().to(DTYPES[dtype])
+        after = token_logprobs(model, ids, ones, scored)
+    gap = float((after.float() - before).abs().max())
     with new_dir(out) as tmp:
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, cfg.model.name, merged=True))
+        llama = save_model(model, tokenizer, tmp)
+        merged = {"dtype": dtype, "gap": gap, "tokens": ids.shape[1], "llama": llama}
+        card = model_card(run_dir, cfg, base_model(cfg), merged=merged)
+        atomic_write_text(tmp / "README.md", card)
         shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 
@@ -201,8 +405,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("run_dir", help="runs/<name>, a finished training run")
     parser.add_argument("--out", help="adapter folder to write (default RUN_DIR/export)")
     parser.add_argument("--merged", metavar="OUT", help="also write the base with the adapter merged in here")
-    parser.add_argument("--dtype", default="bfloat16", help="merged weights' dtype: bfloat16 | float16 | float32")
-    parser.add_argument("--device", default="cpu", help="where to merge (cpu needs the base's size in RAM)")
+    parser.add_argument("--dtype", default="float32", help="merged weights' dtype: float32 | bfloat16 | float16")
+    parser.add_argument("--device", default="cpu", help="where to merge (the base in float32: 4 bytes a parameter)")
     parser.add_argument("--push-to-hub", metavar="REPO", help="upload the adapter (and REPO-merged) to the Hub")
     parser.add_argument("--force", action="store_true", help="replace an --out / --merged folder that is not an export")
     args = parser.parse_args(argv)
@@ -217,7 +421,7 @@ def main(argv: list[str]) -> int:
         summary = {"adapter": str(out)}
         if args.merged:
             merged = export_merged(run_dir, Path(args.merged), args.dtype, args.device, args.force)
-            print(f"[export] merged {args.dtype} model: {merged}")
+            print(f"[export] merged {args.dtype} model: {merged} (its README.md states the log-prob gap)")
             summary["merged"] = str(merged)
     if args.push_to_hub:
         summary["hub"] = push(out, args.push_to_hub)

@@ -1,13 +1,15 @@
 """`python -m seal_mini preflight RECIPE [k=v ...] [--gpu-mem-gb N]`: will a recipe fit, and how long will it take?
 
-No download. The recipe's architecture (the shapes of the models the recipes name, or model.name's own
-config.json when it is a local folder) is built with random weights, saved to a temporary folder and
-loaded by `load_policy`, so it is quantized and wrapped with LoRA exactly as training loads it: the same
-memory and the same speed, with meaningless outputs. Then it runs the kit's own code:
+No download. The recipe's architecture (the shapes of the models the recipes name, model.name's own
+config.json when it is a local folder, or the sizes of the kit's own tiny-random and scratch models) is
+built with random weights, saved to a temporary folder and loaded by `load_policy`, so it is quantized and
+wrapped with LoRA exactly as training loads it: the same memory and the same speed, with meaningless
+outputs. Then it runs the kit's own code:
   1. rollouts: one wave of synthetic episodes through `run_rollouts` at the recipe's lengths: prompts of
-     3.7-4.9k tokens (BFCL's median to longest with the Qwen2.5 tokenizer), messages of max_new_tokens
-     (sampling is kept off the stop tokens), short tool results; one group of G episodes is answered with
-     long tool results until it reaches max_total_tokens, as long_context tasks do;
+     3.7-4.9k tokens (BFCL's median to longest with the Qwen2.5 tokenizer; for the kit's own models, the
+     lengths of the recipe's own tasks), messages of max_new_tokens (sampling is kept off the stop tokens),
+     typical tool results; one group of G episodes is answered with long tool results until it reaches
+     max_total_tokens, as long_context tasks do;
   2. update: one micro-batch through the real `update` (reference pass, forward, backward, optimizer
      step) at a typical length and at max_total_tokens.
 It prints, per phase, peak allocated and reserved GPU memory, slots, prefill and decode tokens/s and
@@ -17,8 +19,9 @@ out-of-memory error at the recipe's own settings (training would survive it by s
 or one even at the smallest settings.
 
 `--gpu-mem-gb N` caps the process at N GB (a per-process memory fraction; the automatic KV budget counts
-within it), so a larger card stands in for a 16 or 24 GB one. On CPU it runs at a shrunk scale (2 layers,
-lengths / 16): a check of the plumbing, not of the recipe.
+within it), so a larger card stands in for a 16 or 24 GB one. On CPU a pretrained model's recipe runs at a
+shrunk scale (2 layers, lengths / 16): a check of the plumbing, not of the recipe; the kit's own CPU models
+(tiny-random, scratch) run at the recipe's own scale, so their projection is the recipe's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ import torch
 
 from seal_mini.config import Config, ConfigError, load_config
 from seal_mini.engine.logprobs import causal_lm
+from seal_mini.engine.policy import SCRATCH, TINY
+from seal_mini.engine.scratch import CHAT_TEMPLATE
+from seal_mini.envs.splits import load_split, tasks_for
 from seal_mini.runio import read_json
 
 # The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
@@ -98,6 +104,8 @@ LONG_RESULT_TOKENS = 2000
 """A long_context tool result (up to 70k characters)."""
 TYPICAL_CALLS = 3
 """Model calls of a typical synthetic episode."""
+MEASURED_TASKS = 64
+"""Training tasks whose lengths stand for the recipe's, for the kit's own models (episode_lengths)."""
 CPU_SHRINK = 16
 """On CPU every length is divided by this, and the model keeps 2 layers of a small width."""
 
@@ -109,14 +117,16 @@ def architecture(cfg: Config, shrink: bool) -> dict:
     """config.json contents for the recipe's model: known shapes, or the local folder's own config."""
     name = cfg.model.name
     folder = Path(name) / "config.json"
-    if folder.is_file():
+    if name in (TINY, SCRATCH):
+        shape = built_here(cfg)
+    elif folder.is_file():
         shape = read_json(folder, "restore it, or name another model folder")
     elif name in KNOWN_SHAPES:
         shape = dict(KNOWN_SHAPES[name])
     else:
         raise ConfigError(
-            f"model.name: preflight knows the shapes of {sorted(KNOWN_SHAPES)}; for {name!r} set model.name to a "
-            "local folder holding its config.json (weights are not needed)"
+            f"model.name: preflight knows the shapes of {sorted(KNOWN_SHAPES)}, {TINY} and {SCRATCH}; for {name!r} "
+            "set model.name to a local folder holding its config.json (weights are not needed)"
         )
     shape.pop("quantization_config", None)  # the recipe decides the quantization, as in training
     if shrink:
@@ -131,6 +141,19 @@ def architecture(cfg: Config, shrink: bool) -> dict:
             head_dim=32,
         )
     return shape
+
+
+def built_here(cfg: Config) -> dict:
+    """config.json of a model the kit builds itself: tiny-random (engine/tiny.py) or scratch (engine/scratch.py,
+    sized by model.scratch). Both get the tiny tokenizer's ids, the tokenizer preflight runs with (a scratch
+    model's own, trained on its tasks, has at most model.scratch.vocab)."""
+    from seal_mini.engine.scratch import random_model
+    from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
+
+    if cfg.model.name == TINY:
+        return tiny_model(tiny_tokenizer()).config.to_dict()
+    s = cfg.model.scratch
+    return random_model(tiny_tokenizer(), cfg.seed, s.hidden, s.layers, s.heads, s.kv_heads, s.mlp).config.to_dict()
 
 
 def write_random_model(shape: dict, folder: Path, tokenizer, device: torch.device) -> int:
@@ -229,19 +252,44 @@ def _plain_tokens(policy) -> torch.Tensor:
     return plain.to(policy.device)
 
 
-def synthetic_wave(cfg: Config, filler: _Filler, episodes: int, shrink: int = 1) -> list[SyntheticEpisode]:
-    """`episodes` episodes in groups of G (a shared prompt per group); the first group grows to
-    max_total_tokens with long tool results, the others end after a few calls with short ones. Every
-    length is divided by `shrink`."""
+def episode_lengths(cfg: Config, renderer, shrink: int) -> dict:
+    """Token lengths of the synthetic episodes: (median, longest) first prompt, a typical and a long tool
+    result. A pretrained model's are BFCL's with the Qwen2.5 tokenizer (divided by `shrink`); the kit's own
+    models' are measured on the recipe's own training tasks (their first prompts, and what the back ends
+    answer to their reference calls), in the tokenizer and template preflight runs with."""
+    if cfg.model.name not in (TINY, SCRATCH):
+        low, high = (n // shrink for n in PROMPT_TOKENS)
+        return {"prompt": (low, high), "result": RESULT_TOKENS // shrink, "long_result": LONG_RESULT_TOKENS // shrink}
+    from seal_mini.envs.episode import Episode
+    from seal_mini.envs.scripted import POLICIES, play
+
+    prompts, results = [], []
+    for task in tasks_for(load_split(cfg)["train"][:MEASURED_TASKS], "data"):
+        env = Episode(task)
+        prompts.append(len(renderer.prompt_ids(*env.reset())))
+        played = play(env, POLICIES["ground_truth"](task))
+        results += [len(renderer.encode(m["content"])) for m in played if m["role"] == "tool"]
+    prompts, results = sorted(prompts), sorted(results) or [1]
+    return {
+        "prompt": (prompts[len(prompts) // 2], prompts[-1]),
+        "result": results[len(results) // 2],
+        "long_result": results[-1],
+    }
+
+
+def synthetic_wave(cfg: Config, filler: _Filler, episodes: int, lengths: dict) -> list[SyntheticEpisode]:
+    """`episodes` episodes in groups of G (a shared prompt per group), of `lengths` (episode_lengths); the
+    first group grows to max_total_tokens with long tool results, the others end after a few calls with
+    typical ones."""
     r, G = cfg.rollout, cfg.rollout.group_size
-    low, high = (n // shrink for n in PROMPT_TOKENS)
+    low, high = lengths["prompt"]
     groups = max(1, math.ceil(episodes / G))
     envs = []
     for g in range(groups):
         prompt_tokens = min(low + (high - low) * g // max(groups - 1, 1), r.max_prompt_tokens - 64)
         prompt = filler.text(prompt_tokens, offset=997 * g)
         long = g == 0
-        result = filler.text((LONG_RESULT_TOKENS if long else RESULT_TOKENS) // shrink, offset=31 * g)
+        result = filler.text(lengths["long_result" if long else "result"], offset=31 * g)
         calls = 10**6 if long else TYPICAL_CALLS
         envs += [SyntheticEpisode(f"synthetic_{g}", prompt, result, calls) for _ in range(G)]
     return envs
@@ -281,7 +329,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
     G = cfg.rollout.group_size
     slots = concurrency(policy, cfg.rollout, cfg.train.tasks_per_step * G)
     episodes = 2 * G if shrink > 1 else max(2 * G, math.ceil(slots / G) * G)
-    envs = synthetic_wave(cfg, filler, episodes, shrink)
+    envs = synthetic_wave(cfg, filler, episodes, episode_lengths(cfg, policy.renderer, shrink))
     plain = _plain_tokens(policy)
     hook = lambda rows, so_far, logits: logits.masked_fill(~plain, float("-inf"))  # noqa: E731
     stats = RolloutStats()
@@ -333,19 +381,27 @@ def projection(cfg: Config, rollout: dict, typical: dict) -> dict:
     per_episode = rollout["seconds"] / rollout["episodes"]  # seconds of a wave per episode in it
     rollout_s = B * G * per_episode
     update_s = B * G * rollout["typical_tokens"] / typical["tok_per_s"]
-    eval_tasks = cfg.data.max_eval_tasks or 400
+    held_in = len(load_split(cfg)["eval"])
+    eval_tasks = min(held_in, cfg.data.max_eval_tasks or held_in)
     steps, every = cfg.train.steps, cfg.train.eval_every
     during = len([s for s in range(1, steps) if every and s % every == 0])
     eval_episodes = eval_tasks * (during + 1 + int(cfg.eval.base_model))  # during training, adapter, backbone
     eval_s = eval_episodes * per_episode
     return {
-        "step_min": round((rollout_s + update_s) / 60, 1),
-        "step_rollout_min": round(rollout_s / 60, 1),
-        "step_update_min": round(update_s / 60, 1),
+        "step_min": round((rollout_s + update_s) / 60, 2),
+        "step_rollout_min": round(rollout_s / 60, 2),
+        "step_update_min": round(update_s / 60, 2),
         "eval_episodes": eval_episodes,
-        "eval_h": round(eval_s / 3600, 2),
-        "run_h": round((steps * (rollout_s + update_s) + eval_s) / 3600, 1),
+        "eval_h": round(eval_s / 3600, 3),
+        "run_h": round((steps * (rollout_s + update_s) + eval_s) / 3600, 3),
     }
+
+
+def _took(minutes: float) -> str:
+    """A duration as people say it: 40 s, 12 min, 3.4 h."""
+    if minutes < 1:
+        return f"{60 * minutes:.0f} s"
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
 
 
 # --- the program ------------------------------------------------------------------------------------
@@ -360,7 +416,7 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     device = resolve_device(cfg.device)
     if gpu_mem_gb:
         cap_memory(gpu_mem_gb, device)
-    shrink = CPU_SHRINK if device.type == "cpu" else 1
+    shrink = CPU_SHRINK if device.type == "cpu" and cfg.model.name not in (TINY, SCRATCH) else 1
     shape = architecture(cfg, shrink > 1)
     result: dict = {"recipe_model": cfg.model.name, "device": str(device), "gpu_mem_gb": gpu_mem_gb or None}
     if shrink > 1:
@@ -377,9 +433,13 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
         print(f"[preflight] CPU: shrunk scale (2 layers, lengths / {shrink}): this checks the plumbing, not the recipe")
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="seal_mini_preflight_") as folder:
-        params = write_random_model(shape, Path(folder), tiny_tokenizer(), device)
+        tokenizer = tiny_tokenizer()
+        if cfg.model.name == SCRATCH:  # its compact tool block, so that prompts are as long as the recipe's
+            tokenizer.chat_template = CHAT_TEMPLATE
+        params = write_random_model(shape, Path(folder), tokenizer, device)
         loaded = copy.deepcopy(cfg)
         loaded.model.name, loaded.model.gguf_file, loaded.lora.adapter_path = folder, "", ""
+        loaded.sft.enabled = False  # the random model stands in for the warm start too
         _reset_peak(device)
         try:
             policy = load_policy(loaded)
@@ -388,11 +448,10 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
                 "model: the weights alone do not fit; use model.load_in_4bit=true, a smaller model, or a larger card"
             )
             return {**result, "fits": False}, problems
-    result["parameters_b"] = round(params / 1e9, 2)
+    result["parameters_b"], result["parameters"] = round(params / 1e9, 2), params
     result["load"] = _peak(device)
-    print(
-        f"[preflight] {cfg.model.name}: {params / 1e9:.2f}B parameters (random weights); load: {_memory_text(result['load'])}"
-    )
+    size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+    print(f"[preflight] {cfg.model.name}: {size} parameters (random weights); load: {_memory_text(result['load'])}")
 
     try:
         filler = _Filler(policy.renderer)
@@ -432,9 +491,9 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
         return {**result, "fits": False}, problems
     result["projection"] = p = projection(cfg, result["rollout"], result["update_typical"])
     print(
-        f"[preflight] projected: a step {p['step_min']:.0f} min (rollouts {p['step_rollout_min']:.0f}, update "
-        f"{p['step_update_min']:.0f}); {cfg.train.steps} steps and the held-in evaluation ({p['eval_episodes']} "
-        f"episodes, {p['eval_h']:.1f} h): {p['run_h']:.1f} h"
+        f"[preflight] projected: a step {_took(p['step_min'])} (rollouts {_took(p['step_rollout_min'])}, update "
+        f"{_took(p['step_update_min'])}); {cfg.train.steps} steps and the held-in evaluation ({p['eval_episodes']} "
+        f"episodes, {_took(60 * p['eval_h'])}): {_took(60 * p['run_h'])}"
     )
     result["fits"] = not problems
     return result, problems
