@@ -42,6 +42,7 @@ from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, Int
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
+from seal_mini.envs import world
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
@@ -323,6 +324,7 @@ def identity(cfg: Config) -> dict:
         "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
         "logprob_chunk": cfg.train.logprob_chunk,
         "max_grad_norm": cfg.train.max_grad_norm,
+        **({"world": world.fingerprint(cfg)} if cfg.data.source == "tasks" else {}),  # the files, not their names
     }
 
 
