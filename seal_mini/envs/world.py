@@ -76,7 +76,7 @@ TASKS: dict[str, Task] = {}
 
 def _schema(hint) -> dict:
     """A parameter's type annotation as a BFCL doc type (str, int, float, bool, list[...], dict, tuple, Any,
-    Literal[...] for allowed values, X | None for an optional X)."""
+    Literal[...] for allowed values, X | None read as X)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is typing.Literal:
         kinds = {type(a) for a in args}
@@ -194,13 +194,21 @@ def _file_docs(cls: type, instance, where: str) -> list[dict]:
             raise ConfigError(
                 f'{path}:{n}: a tool doc is {{"name", "description", "parameters": {{"type": "dict", ...}}}}'
             )
-        if doc.get("name") not in methods:
+        if not isinstance(doc.get("name"), str) or doc["name"] not in methods:
             raise ConfigError(f"{path}:{n}: {doc.get('name')!r} is no public method of {cls.__name__}")
+        properties, required = params.get("properties", {}), params.get("required", [])
+        if (
+            not isinstance(properties, dict)
+            or not _is_list(list(properties.values()), dict)
+            or not _is_list(required, str)
+        ):
+            raise ConfigError(
+                f"{path}:{n}: parameters.properties maps names to schemas, parameters.required lists names"
+            )
         signature = inspect.signature(getattr(instance, doc["name"])).parameters
-        properties = params.get("properties", {})
-        unknown = [p for p in [*properties, *params.get("required", [])] if p not in signature]
-        if not isinstance(properties, dict) or unknown:
-            raise ConfigError(f"{path}:{n}: {doc['name']} has no parameter {unknown[:1]} (properties: a mapping)")
+        unknown = [p for p in [*properties, *required] if p not in signature]
+        if unknown:
+            raise ConfigError(f"{path}:{n}: {doc['name']} has no parameter {unknown[0]!r}")
         params["properties"] = {k: _enum_in_description(v) for k, v in properties.items()}
         docs.append(doc)
     missing = sorted(methods - {d["name"] for d in docs})
@@ -391,9 +399,9 @@ def _check_ground_truth(task: Task, where: str) -> None:
             f"{where}: the ground truth does not run on fresh instances ({type(e).__name__}: {e})"
         ) from None
     for turn in episode.turn_records():
-        for event in turn.events:
+        for text, event in zip(task.ground_truth[turn.index], turn.events, strict=False):  # one message, in order
             if event.error_kind:
-                raise ConfigError(f"{where}: ground_truth turn {turn.index}: {event.call!r} fails: {event.error}")
+                raise ConfigError(f"{where}: ground_truth turn {turn.index}: {text!r} fails: {event.error}")
     if reward != 1:
         verdict = check_episode(episode)
         raise ConfigError(
