@@ -46,6 +46,13 @@ def test_the_kitchen_plays_its_ground_truth_to_1_and_nothing_to_0():
 
 
 @pytest.mark.unit
+def test_the_shipped_tasks_file_is_what_its_script_writes(tmp_path):
+    out = tmp_path / "tasks.jsonl"
+    subprocess.run([sys.executable, str(KITCHEN / "make_tasks.py"), "--out", str(out)], check=True, capture_output=True)
+    assert out.read_text() == (KITCHEN / "tasks.jsonl").read_text()
+
+
+@pytest.mark.unit
 def test_tools_are_the_public_methods_with_schemas_from_signatures_and_docstrings():
     kitchen_cfg()  # loading the world registers its classes
     oven = {d["name"]: to_chat_tool(d)["function"] for d in tool_docs("Oven")}
