@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,8 @@ class LoraConfig:
 @dataclass
 class DataConfig:
     source: str = "bfcl"
-    """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/envs/practice.py)."""
+    """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/envs/practice.py).
+    tasks: your own tool classes and tasks (data.tasks_file, data.tool_classes; docs/your_tools.md)."""
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
     """BFCL V3 multi-turn categories to use."""
     train_per_category: int = 100
@@ -158,6 +160,12 @@ class DataConfig:
     use; empty = all six. A narrower world a small model learns sooner; tasks keep their ids."""
     split_file: str = ""
     """A JSON file {"train": [ids], "eval": [ids]} used instead of drawing the split."""
+    tasks_file: str = ""
+    """Tasks source only: the JSON Lines file of tasks, one a line, BFCL's field names, each with its split side
+    (train or heldin); relative to the current folder (docs/your_tools.md)."""
+    tool_classes: list[str] = field(default_factory=list)
+    """Tasks source only: the back-end classes as module:Class (e.g. [kitchen:Oven, kitchen:Pantry]); each
+    module importable from the current folder, PYTHONPATH or the tasks file's folder. Public methods are tools."""
     max_train_tasks: int = 0
     """Use only the first N training tasks (0 = all); for smoke runs."""
     max_eval_tasks: int = 0
@@ -166,7 +174,16 @@ class DataConfig:
     def validate(self, key: str) -> None:
         for c in self.categories:
             _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
-        _one_of(self.source, ("bfcl", "practice"), f"{key}.source")
+        _one_of(self.source, ("bfcl", "practice", "tasks"), f"{key}.source")
+        if self.source == "tasks":
+            _check(bool(self.tasks_file), f"{key}.tasks_file", "names the tasks file of data.source=tasks")
+            _check(bool(self.tool_classes), f"{key}.tool_classes", "names the tool classes (module:Class) of the tasks")
+        else:
+            _check(not self.tasks_file, f"{key}.tasks_file", "applies to data.source=tasks only")
+            _check(not self.tool_classes, f"{key}.tool_classes", "applies to data.source=tasks only")
+        for i, spec in enumerate(self.tool_classes):
+            ok = re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec)
+            _check(bool(ok), f"{key}.tool_classes[{i}]", f"must be module:Class (e.g. kitchen:Oven), not {spec!r}")
         _check(len(self.categories) > 0, f"{key}.categories", "must name at least one category")
         _check(0 < self.train_per_category < 200, f"{key}.train_per_category", "must be in 1..199")
         _check(self.heldin_per_category > 0, f"{key}.heldin_per_category", "must be > 0")

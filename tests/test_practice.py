@@ -122,7 +122,7 @@ def test_practice_source_rejects_a_split_file(tmp_path):
     cfg = load_config(None, ["data.source=practice", f"data.split_file={tmp_path / 'x.json'}"])
     with pytest.raises(ConfigError, match="split_file applies to data.source=bfcl"):
         load_split(cfg)
-    with pytest.raises(ConfigError, match="data.source: must be bfcl or practice"):
+    with pytest.raises(ConfigError, match="data.source: must be bfcl, practice or tasks"):
         load_config(None, ["data.source=toy"])
 
 

@@ -80,11 +80,18 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+WORLD_DOCS: dict[str, tuple[dict, ...]] = {}
+"""Tool docs of a recipe's own back-end classes (data.source: tasks), by class name; seal_mini.envs.world
+registers them with their classes."""
+
+
 @cache
 def tool_docs(class_name: str) -> tuple[dict, ...]:
-    """BFCL's tool docs for one back-end class (as published, BFCL schema dialect)."""
+    """The tool docs of one back-end class in BFCL's schema dialect: BFCL's as published, or a recipe's own."""
     from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
 
+    if class_name in WORLD_DOCS:
+        return WORLD_DOCS[class_name]
     path = bfcl_root() / "data" / "multi_turn_func_doc" / MULTI_TURN_FUNC_DOC_FILE_MAPPING[class_name]
     return tuple(read_jsonl(path))
 

@@ -103,16 +103,21 @@ class StepResult:
 
 def new_instances(task: Task, classes: dict[str, type] | None = None) -> dict[str, object]:
     """Fresh back-end instances for a task: a deep copy of its initial state, of classes of their own
-    (`classes`, by default a fresh_class per back end), so nothing is shared with any other episode."""
+    (`classes`, by default a fresh_class per back end), so nothing is shared with any other episode. A
+    class reads its state with `_load_scenario`, as BFCL's do; a recipe's own class without one gets each
+    key of the state as the public attribute of that name (seal_mini.envs.world checks the keys)."""
     from bfcl_eval.constants.executable_backend_config import STATELESS_CLASSES
 
     instances = {}
     for class_name in task.involved_classes:
         instance = (classes[class_name] if classes else fresh_class(class_name))()
-        if class_name not in STATELESS_CLASSES:
-            instance._load_scenario(
-                copy.deepcopy(task.initial_config.get(class_name, {})), long_context=task.long_context
-            )
+        state = copy.deepcopy(task.initial_config.get(class_name, {}))
+        if class_name in STATELESS_CLASSES:
+            pass
+        elif hasattr(instance, "_load_scenario"):
+            instance._load_scenario(state, long_context=task.long_context)
+        else:
+            vars(instance).update(state)
         instances[class_name] = instance
     return instances
 

@@ -247,7 +247,8 @@ def instance_name(prefix: str, task_id: str, class_name: str) -> str:
 
 @cache
 def bfcl_class(class_name: str) -> type:
-    """BFCL's back-end class of that name (TwitterAPI, GorillaFileSystem, ...)."""
+    """The back-end class of that name: BFCL's (TwitterAPI, GorillaFileSystem, ...), or a recipe's own, which
+    seal_mini.envs.world registers in the same table of BFCL's (the one its executor reads too)."""
     import importlib
 
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING

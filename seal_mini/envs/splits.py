@@ -1,24 +1,31 @@
-"""A run's tasks: the train / held-in split of BFCL V3 (or of the practice sets), and tasks by id.
+"""A run's tasks: the train / held-in split of BFCL V3 (or of the practice sets, or of a tasks world), and
+tasks by id.
 
-BFCL's tasks come from seal_mini.envs.bfcl, the practice tasks from seal_mini.envs.practice; a recipe's
-data.source says which, and everything downstream takes `Task`s from here without asking.
+BFCL's tasks come from seal_mini.envs.bfcl, the practice tasks from seal_mini.envs.practice, a world of your
+own from seal_mini.envs.world; a recipe's data.source says which, and everything downstream takes `Task`s
+from here without asking. A tasks world's ids are known once its split has been loaded (`load_split`).
 """
 
 from __future__ import annotations
 
 from seal_mini.config import Config, ConfigError
-from seal_mini.envs import practice
+from seal_mini.envs import practice, world
 from seal_mini.envs.bfcl import Task, make_split, read_split_file, tasks_by_id
 from seal_mini.envs.practice import practice_split
 
 
 def load_split(cfg: Config) -> dict[str, list[str]]:
-    """The run's train / eval ids: an explicit id file, the seeded split by base-task index, or (data.source:
-    practice) the seeded practice sets."""
+    """The run's train / eval ids: an explicit id file, the seeded split by base-task index, (data.source:
+    practice) the seeded practice sets, or (data.source: tasks) each task's own side of its tasks file."""
+    if cfg.data.source != "bfcl" and cfg.data.split_file:
+        raise ConfigError(
+            "data.split_file applies to data.source=bfcl; practice sets come from data.split_seed, a tasks "
+            "file's tasks name their own side (split: train or heldin)"
+        )
     if cfg.data.source == "practice":
-        if cfg.data.split_file:
-            raise ConfigError("data.split_file applies to data.source=bfcl; practice sets come from data.split_seed")
         return practice_split(cfg)
+    if cfg.data.source == "tasks":
+        return world.world_split(cfg)
     if cfg.data.split_file:
         split = read_split_file(cfg.data.split_file)
     else:
@@ -28,27 +35,29 @@ def load_split(cfg: Config) -> dict[str, list[str]]:
 
 
 def tasks_for(ids: list[str], what: str) -> list[Task]:
-    """The tasks of ids a user gave (BFCL V3 or practice); `what` names the option in the error on unknown ones."""
-    known = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}
+    """The tasks of ids (BFCL V3, practice, or a loaded tasks world's); `what` names the option in the error on
+    unknown ones."""
+    own = lambda i: practice.is_practice(i) or i in world.TASKS  # noqa: E731
+    known = tasks_by_id() if not all(own(i) for i in ids) else {}
     tasks, unknown = [], []
     for i in ids:
         try:
-            tasks.append(practice.task(i) if practice.is_practice(i) else known[i])
+            tasks.append(practice.task(i) if practice.is_practice(i) else world.TASKS.get(i) or known[i])
         except (KeyError, ConfigError):
             unknown.append(i)
     if unknown:
         shown = ", ".join(repr(i) for i in unknown[:5])
         raise ConfigError(
-            f"{what}: no such BFCL V3 task or practice task ({shown}; ids look like multi_turn_base_12 or "
-            "practice_0_heldin_base_3)"
+            f"{what}: no such BFCL V3 task, practice task or task of the run's tasks file ({shown}; ids look like "
+            "multi_turn_base_12, practice_0_heldin_base_3 or a tasks file's own)"
         )
     return tasks
 
 
 def pick(ids: list[str], limit: int) -> list[Task]:
-    """Tasks for ids (BFCL or practice); with a limit, spread it over the categories (first N of each)."""
-    by_id = tasks_by_id() if not all(practice.is_practice(i) for i in ids) else {}
-    tasks = [practice.task(i) if practice.is_practice(i) else by_id[i] for i in ids]
+    """Tasks for ids (BFCL, practice or a tasks world's); with a limit, spread it over the categories (first N
+    of each)."""
+    tasks = tasks_for(ids, "the run's split")
     if not limit:
         return tasks
     per_category: dict[str, list[Task]] = {}

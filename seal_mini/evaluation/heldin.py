@@ -125,6 +125,7 @@ def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
     """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
     from seal_mini.envs.splits import load_split, pick, tasks_for
 
+    split = load_split(cfg)  # a tasks world's ids are known from here on
     if ids_file:
         path = Path(ids_file)
         if not path.is_file():
@@ -133,7 +134,6 @@ def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
         if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
             raise ConfigError(f"--ids {ids_file}: expected a JSON list of one or more task ids, got {str(ids)[:80]}")
         return tasks_for(ids, f"--ids {ids_file}")
-    split = load_split(cfg)
     ids = split["train"] + split["eval"] if cfg.eval.split == "all" else split[cfg.eval.split]
     return pick(ids, cfg.data.max_eval_tasks)
 

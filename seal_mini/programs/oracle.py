@@ -3,7 +3,8 @@
 `python -m seal_mini oracle` runs three of them over all 800 tasks: the ground truth (must pass
 800/800), an empty policy (0/800), and the ground truth without the last call of each turn (0/800).
 That shows the environment and the verifier agree with the benchmark before any model is involved.
-`oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py).
+`oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py), and
+`oracle --recipe RECIPE [key=value ...]` over a recipe's split (e.g. a tasks world of your own).
 `python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
 perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
 agree on every one (seal_mini.programs.differential).
@@ -48,6 +49,15 @@ def practice_tasks(seed: int = 0) -> list[Task]:
     return [practice.task(i) for i in split["train"] + split["eval"]]
 
 
+def recipe_tasks(recipe: str, overrides: list[str] = ()) -> list[Task]:
+    """A recipe's training and held-in tasks, as its run draws them (BFCL, practice or a tasks world)."""
+    from seal_mini.config import load_config
+    from seal_mini.envs.splits import load_split, pick
+
+    split = load_split(load_config(recipe, overrides))
+    return pick(split["train"] + split["eval"], 0)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--differential"]:
         from seal_mini.programs import differential
@@ -58,8 +68,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini oracle", description=__doc__.split("\n")[0])
     parser.add_argument("--practice", action="store_true", help="the practice sets (training and held-in) instead")
     parser.add_argument("--seed", type=int, default=0, help="with --practice: the sets' seed (data.split_seed)")
+    parser.add_argument("--recipe", help="a recipe's split instead (e.g. data.source: tasks, a world of your own)")
+    parser.add_argument("overrides", nargs="*", help="with --recipe: key.sub=value overrides")
     args = parser.parse_args(argv)
-    result = run_oracle(tasks=practice_tasks(args.seed) if args.practice else None)
+    tasks = recipe_tasks(args.recipe, args.overrides) if args.recipe else None
+    result = run_oracle(tasks=practice_tasks(args.seed) if args.practice else tasks)
     for policy in POLICIES:
         row = ", ".join(f"{c} {v['passed']}/{v['total']}" for c, v in result[policy].items())
         print(f"{policy:>15}: {row}")

@@ -44,6 +44,7 @@ from seal_mini.distributed import is_main
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
+from seal_mini.envs import world
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
@@ -333,6 +334,7 @@ def identity(cfg: Config) -> dict:
         "interface_top_k": cfg.interface.top_k if cfg.sft.cue_share else None,
         "logprob_chunk": cfg.train.logprob_chunk,
         "max_grad_norm": cfg.train.max_grad_norm,
+        **({"world": world.fingerprint(cfg)} if cfg.data.source == "tasks" else {}),  # the files, not their names
     }
 
 
