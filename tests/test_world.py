@@ -349,3 +349,12 @@ def test_the_pipeline_runs_on_the_kitchen(tmp_path):
     identity = read_json(run_dir / "warm_start" / "identity.json")
     assert len(identity["world"]) == 64  # the world's files are part of what the warm start depends on
     assert read_json(run_dir / "warm_start" / "sft.json")["stats"]["demonstrations"] == 8  # the training split's
+    chat = subprocess.run(  # chat finds the run's own tasks by its config, in a fresh process
+        [sys.executable, "-m", "seal_mini", "chat", str(run_dir), "--replay", "--scripted", "ground_truth"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert chat.returncode == 0, chat.stderr[-3000:]
+    assert "[task] kitchen_" in chat.stdout and "[verdict] reward 1" in chat.stdout, chat.stdout[-2000:]

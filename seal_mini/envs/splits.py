@@ -34,9 +34,11 @@ def load_split(cfg: Config) -> dict[str, list[str]]:
     return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
 
 
-def tasks_for(ids: list[str], what: str) -> list[Task]:
-    """The tasks of ids (BFCL V3, practice, or a loaded tasks world's); `what` names the option in the error on
-    unknown ones."""
+def tasks_for(ids: list[str], what: str, cfg: Config | None = None) -> list[Task]:
+    """The tasks of ids (BFCL V3, practice, or a tasks world's: cfg's, or one loaded before); `what` names the
+    option in the error on unknown ones."""
+    if cfg is not None and cfg.data.source == "tasks":
+        world.load(cfg.data.tasks_file, cfg.data.tool_classes)
     own = lambda i: practice.is_practice(i) or i in world.TASKS  # noqa: E731
     known = tasks_by_id() if not all(own(i) for i in ids) else {}
     tasks, unknown = [], []

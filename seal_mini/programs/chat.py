@@ -186,7 +186,7 @@ def main(argv: list[str]) -> int:
     run_dir = Path(args.run_dir)
     cfg = run_config(run_dir, args.overrides)
     task_id = args.task or first_held_in(run_dir, cfg)
-    (task,) = tasks_for([task_id], f"--task {task_id}")
+    (task,) = tasks_for([task_id], f"--task {task_id}", cfg)
     ask = replay if args.replay or not sys.stdin.isatty() else typed
     console = Console(Episode(task), ask)  # the benchmark's own limits, as in evaluation
 

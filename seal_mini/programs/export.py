@@ -353,7 +353,7 @@ def _held_in_prompt(run_dir: Path, cfg: Config, tokenizer) -> list[int]:
     from seal_mini.engine.render import ChatRenderer
     from seal_mini.envs.episode import Episode
 
-    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json")
+    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json", cfg)
     return ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())[:MERGE_GAP_TOKENS]
 
 
