@@ -321,6 +321,8 @@ def identity(cfg: Config) -> dict:
     cfg = warm_start_config(cfg)
     d = cfg.to_dict()
     device = resolve_device(cfg.device).type
+    if cfg.data.source != "tasks":  # a world's keys say nothing about another source's warm start (the shipped one)
+        d["data"] = {k: v for k, v in d["data"].items() if k not in ("tasks_file", "tool_classes")}
     return {
         "format": FORMAT,
         "seed": cfg.seed,
