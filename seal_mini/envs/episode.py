@@ -111,13 +111,12 @@ def new_instances(task: Task, classes: dict[str, type] | None = None) -> dict[st
     instances = {}
     for class_name in task.involved_classes:
         instance = (classes[class_name] if classes else fresh_class(class_name))()
-        state = copy.deepcopy(task.initial_config.get(class_name, {}))
-        if class_name in STATELESS_CLASSES:
-            pass
-        elif hasattr(instance, "_load_scenario"):
-            instance._load_scenario(state, long_context=task.long_context)
-        else:
-            vars(instance).update(state)
+        if class_name not in STATELESS_CLASSES:
+            state = copy.deepcopy(task.initial_config.get(class_name, {}))
+            if hasattr(instance, "_load_scenario"):
+                instance._load_scenario(state, long_context=task.long_context)
+            else:
+                vars(instance).update(state)
         instances[class_name] = instance
     return instances
 
