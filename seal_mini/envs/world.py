@@ -175,6 +175,16 @@ def _shown(path) -> Path:
         return path
 
 
+def _json_lines(path: Path):
+    """(line number, parsed value) for each non-blank line of a JSON Lines file; a bad line is one error."""
+    for n, line in enumerate(read_text(path, "save it as UTF-8 JSON Lines").splitlines(), 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except ValueError as e:
+                raise ConfigError(f"{path}:{n}: not JSON ({e})") from None
+
+
 def _file_docs(cls: type, instance, where: str) -> list[dict]:
     """The BFCL tool docs of the JSON Lines file the class names in `_tool_docs` (beside its module)."""
     path = _shown(Path(inspect.getfile(cls)).parent / cls._tool_docs)
@@ -182,13 +192,7 @@ def _file_docs(cls: type, instance, where: str) -> list[dict]:
         raise ConfigError(f"{where}: _tool_docs names {path}, which does not exist")
     methods = set(public_method_names(instance))
     docs = []
-    for n, line in enumerate(read_text(path, "save it as UTF-8 JSON Lines").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            doc = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(f"{path}:{n}: not JSON ({e})") from None
+    for n, doc in _json_lines(path):
         params = doc.get("parameters") if isinstance(doc, dict) else None
         if not isinstance(params, dict) or not isinstance(doc.get("description"), str):
             raise ConfigError(
@@ -430,13 +434,7 @@ def _load(path: Path, tool_classes: tuple[str, ...], stamp: tuple) -> World:
             if owners.setdefault(doc["name"], name) != name:
                 raise ConfigError(f"data.tool_classes: {owners[doc['name']]} and {name} both have a tool {doc['name']}")
     world, lines, index = World({}, {}), {}, {}
-    for n, line in enumerate(read_text(path, "save it as UTF-8 JSON Lines").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            raise ConfigError(f"{path}:{n}: not JSON ({e})") from None
+    for n, row in _json_lines(path):
         task, side = _task(row, classes, index, f"{path}:{n}")
         if task.id in lines:
             raise ConfigError(f"{path}:{n}: id {task.id!r} is also the id of line {lines[task.id]}")
