@@ -3,7 +3,7 @@ test has a tier.
 
 Tiers (docs/tests.md): `unit` (a file's `pytestmark`: the method's pieces without a model or a command:
 math, config, labels, rules, the episode and checker, the interface, the practice world, file I/O), `slow`
-(a real pretrained model, warm-start builds; deselected unless asked for with `-m slow`) and `integration`
+(a real pretrained model; deselected unless asked for with `-m slow`) and `integration`
 (everything else, given here: tiny models, rollouts and updates, whole commands, ranks, the 800-task
 differential). `bash run.sh test -m unit` is the fast tier; `bash run.sh test` runs all but slow."""
 
