@@ -15,6 +15,8 @@ def test_start_figures_by_hand():
     greedy = {"rewards": [0.0, 1.0], "labels": [["missing_tool_call", "pass"], ["pass", "pass"]]}
     f = probe.start_figures(sampled, greedy, cfg)
     assert f["sampled_success"] == 0.25 and f["greedy_success"] == 0.5 and f["mixed_groups"] == 0.5
+    assert f["groups_all_failed"] == 0.5 and f["groups_all_solved"] == 0.0
+    assert f["mixed_if_success_were_even"] == pytest.approx(1 - 0.75**4 - 0.25**4, abs=1e-4)  # p = 0.25, G = 4
     assert f["successes_with_a_failure_label"] == 0.0
     assert f["labels"]["missing_tool_call"] == pytest.approx(5 / 16, abs=1e-4)
     # weights: 1.0 for the successes, (1.5 + 1) / 2 = 1.25 and (1.0 + 1) / 2 = 1.0 for group 1's failures; the

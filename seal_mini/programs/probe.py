@@ -83,6 +83,7 @@ def start_figures(sampled: dict, greedy: dict, cfg: Config) -> dict:
     G, rewards, labels = cfg.rollout.group_size, sampled["rewards"], sampled["labels"]
     groups = [rewards[k : k + G] for k in range(0, len(rewards), G)]
     successes = [z for r, z in zip(rewards, labels, strict=True) if r > 0]
+    p = sum(rewards) / len(rewards)
     adv, _ = group_advantages(rewards, G, cfg.train.adv_eps, cfg.train.adv_estimator)
     weights, _ = diagnostic_weights(
         [trajectory_profile(z) for z in labels], cfg.diagnosis.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max
@@ -97,9 +98,14 @@ def start_figures(sampled: dict, greedy: dict, cfg: Config) -> dict:
             spreads.append(statistics.pstdev(failed))
     return {
         "episodes": len(rewards),
-        "sampled_success": round(sum(rewards) / len(rewards), 4),
+        "sampled_success": round(p, 4),
         "greedy_success": round(sum(greedy["rewards"]) / len(greedy["rewards"]), 4),
         "mixed_groups": round(sum(len(set(g)) > 1 for g in groups) / len(groups), 4),
+        # why groups are not mixed: all failed or all solved, against the share that would mix if the same
+        # success rate were spread evenly over the tasks (1 - (1 - p)^G - p^G)
+        "groups_all_failed": round(sum(max(g) == 0 for g in groups) / len(groups), 4),
+        "groups_all_solved": round(sum(min(g) > 0 for g in groups) / len(groups), 4),
+        "mixed_if_success_were_even": round(1 - (1 - p) ** G - p**G, 4),
         "successes_with_a_failure_label": round(
             sum(any(z in FAILURE_LABELS for z in s) for s in successes) / len(successes), 4
         )
@@ -175,6 +181,10 @@ def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
     result |= start_figures(sampled, greedy, cfg)
     for name in TARGETS:
         print(f"[probe] {name:<32} {result[name]}  ({_verdict(name, result[name])})")
+    print(
+        f"[probe] groups all failed {result['groups_all_failed']}, all solved {result['groups_all_solved']}; "
+        f"mixed if the same success were spread evenly over the tasks {result['mixed_if_success_were_even']}"
+    )
     print(f"[probe] labels (share of turns): {result['labels']}")
     print(
         f"[probe] failed episodes' weight sd within a group {result['failed_weight_sd_within_group']}; "
