@@ -48,13 +48,21 @@ def test_spread_and_table_by_hand():
     assert s["mean"] == pytest.approx(20.0) and s["sd"] == pytest.approx(10.0)
     assert (s["min"], s["max"], s["n"]) == (pytest.approx(10.0), pytest.approx(30.0), 3)
     labels = {"base": {"missing_tool_call": 0.5, "pass": 0.5}, "trained": {"missing_tool_call": 0.1, "pass": 0.9}}
+    # training rounds: SEAL's cues on from step 1; the gap counts those rounds only (step 0's 0.5 is left out)
+    rounds = {
+        "seal": [{"success": [0.5, 0.3, 0.5], "cues_on": [False, True, True]}] * 2,
+        "vanilla_rl": [
+            {"success": [0.0, 0.2, 0.2], "cues_on": [False] * 3},  # gaps 0.1, 0.3: 20 points
+            {"success": [0.0, 0.3, 0.3, 0.9], "cues_on": [False] * 4},  # gaps 0.0, 0.2 (its step 3 has no pair): 10
+        ],
+    }
     rows = [
         {
             "variant": v,
             "seed": k,
             "base": {"base": b, "mean": b},
             "score": {"base": a, "mean": a, "evaluations": 3},
-            "cue_rounds": {"rounds_on": 2, "success_on": 0.5, "rounds_off": 2, "success_off": 0.25},
+            "rounds": rounds[v][k],
             "labels": labels,
             "seconds": 60.0,
         }
@@ -78,7 +86,9 @@ def test_spread_and_table_by_hand():
         in text
     )
     assert "| warm start | 15.0 ± 7.1 [10.0, 20.0] | - | - | - | - | 14.00 |" in text
-    assert "training success in rounds with cues on 50.0%, without 25.0%" in text
+    assert summary["vanilla_rl"]["cue_round_gap"]["mean"] == pytest.approx(15.0)
+    assert "trained with cues on in 2/2 of 3 rounds (per seed)" in text
+    assert "in the rounds SEAL trained with cues on (same step, same tasks): +15.0 [t -48.5, +78.5]" in text
     assert "missing_tool_call 50.0 -> 10.0%" in text
     assert "mean of its last 3 evaluations" in text
 

@@ -12,8 +12,8 @@ not their `base:`. Runs that share a warm start share its held-in evaluation too
 A run scores the mean of its last --last held-in evaluations. The table (sweep.md, sweep.json) gives, per
 variant and per category, the mean and spread over seeds, the paired difference to SEAL with 95% paired-t
 and bootstrap intervals, how many seeds a 5-point difference needs at the measured spread, and, from each
-run's own files, training success in rounds with cues on vs off and the held-in label shares before and
-after. It reports what it measures, whichever way it comes out. Resumable: a run whose final evaluation
+run's own files, how much better SEAL's training episodes did than each variant's at the same steps while
+SEAL trained with cues on, and the held-in label shares before and after. It reports what it measures, whichever way it comes out. Resumable: a run whose final evaluation
 exists is not run again; a stopped run continues where it stopped (the pipeline resumes).
 """
 
@@ -161,15 +161,27 @@ def run_score(run_dir: Path, last: int) -> dict:
     return {c: statistics.fmean(e[c] for e in chosen) for c in chosen[-1]} | {"evaluations": len(chosen)}
 
 
-def cue_rounds(run_dir: Path) -> dict:
-    """Training success (mean reward of the round's episodes) in rounds that trained with cues on vs rounds
-    without any, from the run's own rounds/ and trajectories/ files."""
-    on, off = [], []
+def training_rounds(run_dir: Path) -> dict:
+    """Per training round, in step order: its success (mean reward of its episodes) and whether it trained
+    with cues on, from the run's own rounds/ and trajectories/ files."""
+    success, cues_on = [], []
     for path in sorted((run_dir / "rounds").glob("step_*.json")):
         rows = read_jsonl_gz(run_dir / "trajectories" / f"{path.stem}.jsonl.gz")
-        reward = statistics.fmean(r["reward"] for r in rows)
-        (on if active_cues(read_json(path)["interface_used"]) else off).append(reward)
-    return {"rounds_on": len(on), "success_on": _mean(on), "rounds_off": len(off), "success_off": _mean(off)}
+        success.append(statistics.fmean(r["reward"] for r in rows))
+        cues_on.append(bool(active_cues(read_json(path)["interface_used"])))
+    return {"success": success, "cues_on": cues_on}
+
+
+def cue_round_gap(seal: dict, other: dict) -> float | None:
+    """Training success, SEAL minus another variant of the same seed (same tasks at each step), in points,
+    over the rounds SEAL trained with cues on: the cues' effect during training, matched in time (cue-on
+    rounds are the later ones, so SEAL's own cue-on vs cue-off rounds would compare early with late)."""
+    gaps = [
+        a - b
+        for a, b, on in zip(seal["success"], other["success"], seal["cues_on"], strict=False)  # a run may stop early
+        if on
+    ]
+    return 100 * statistics.fmean(gaps) if gaps else None
 
 
 def held_in_labels(run_dir: Path, tag: str) -> dict[str, float]:
@@ -177,10 +189,6 @@ def held_in_labels(run_dir: Path, tag: str) -> dict[str, float]:
     counts = read_json(run_dir / "eval" / f"{tag}.json").get("label_counts", {})
     total = sum(counts.values()) or 1
     return {z: n / total for z, n in counts.items()}
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -202,11 +210,11 @@ def summarize(rows: list[dict]) -> dict:
         if variant != "seal":
             diff = lambda key, ps=pairs: [100 * (a["score"][key] - b["score"][key]) for a, b in ps]  # noqa: E731
             out[variant]["seal_minus"] = {key: paired(diff(key)) for key in ["mean", *categories]}
-        cues = [r["cue_rounds"] for r in mine if r.get("cue_rounds", {}).get("rounds_on")]
-        if cues:
-            out[variant]["cue_rounds"] = {
-                key: _mean([c[key] for c in cues if c[key] is not None]) for key in ("success_on", "success_off")
-            }
+            gaps = [cue_round_gap(a["rounds"], b["rounds"]) for a, b in pairs]
+            if gaps and None not in gaps:
+                out[variant]["cue_round_gap"] = paired(gaps)
+        elif mine[0]["rounds"]["cues_on"]:
+            out[variant]["cue_rounds"] = [sum(r["rounds"]["cues_on"]) for r in mine], len(mine[0]["rounds"]["cues_on"])
         out[variant]["labels"] = {
             which: {z: statistics.fmean(r["labels"][which].get(z, 0.0) for r in mine) for z in LABELS}
             for which in ("base", "trained")
@@ -257,9 +265,13 @@ def table(summary: dict, n_tasks: int, last: int) -> str:
     for variant, s in summary.items():
         parts = []
         if "cue_rounds" in s:
-            c = s["cue_rounds"]
-            on, off = (f"{100 * v:.1f}%" if v is not None else "-" for v in (c["success_on"], c["success_off"]))
-            parts.append(f"training success in rounds with cues on {on}, without {off}")
+            on, total = s["cue_rounds"]
+            parts.append(f"trained with cues on in {'/'.join(map(str, on))} of {total} rounds (per seed)")
+        if "cue_round_gap" in s:
+            parts.append(
+                f"training success, SEAL minus it, in the rounds SEAL trained with cues on (same step, same tasks): "
+                f"{paired_cell(s['cue_round_gap'])} points"
+            )
         base, trained = s["labels"]["base"], s["labels"]["trained"]
         moved = sorted((z for z in FAILURE_LABELS if base.get(z) or trained.get(z)), key=lambda z: -base.get(z, 0.0))
         parts.append(
@@ -383,7 +395,7 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
                 "run": str(cfg.run_dir),
                 "base": base_eval["success"],
                 "score": score,
-                "cue_rounds": cue_rounds(cfg.run_dir),
+                "rounds": training_rounds(cfg.run_dir),
                 "labels": {
                     "base": held_in_labels(cfg.run_dir, "base"),
                     "trained": held_in_labels(cfg.run_dir, "adapter"),
