@@ -13,8 +13,9 @@ A run scores the mean of its last --last held-in evaluations. The table (sweep.m
 variant and per category, the mean and spread over seeds, the paired difference to SEAL with 95% paired-t
 and bootstrap intervals, how many seeds a 5-point difference needs at the measured spread, and, from each
 run's own files, how much better SEAL's training episodes did than each variant's at the same steps while
-SEAL trained with cues on, and the held-in label shares before and after. It reports what it measures, whichever way it comes out. Resumable: a run whose final evaluation
-exists is not run again; a stopped run continues where it stopped (the pipeline resumes).
+SEAL trained with cues on, and the held-in label shares before and after. It reports what it measures,
+whichever way it comes out. Resumable: a run whose final evaluation exists is not run again; a stopped run
+continues where it stopped (the pipeline resumes).
 """
 
 from __future__ import annotations
