@@ -381,8 +381,7 @@ def test_a_cue_shown_lowers_its_fault_in_a_warm_start_built_at_c_above_0_and_not
     cue, so at c = 0 the two copies differ in the prompt alone; about 15 s a build. Measured on held-in tasks
     it never saw: the probability that the first turn's first token is not a call's opening (the rate of its
     fault, missing_tool_call, at temperature 1), with the cue on vs off. Over seeds 0-4 (the config's seed
-    and the fault stream): c = 1 lowers it by 0.51-0.57, c = 0 moves it by -0.01 to
-    +0.04."""
+    and the fault stream): c = 1 lowers it by 0.51-0.57, c = 0 moves it by -0.01 to +0.04."""
     from seal_mini.core.diagnose import diagnose
     from seal_mini.core.interface import InterfaceState
     from seal_mini.engine.policy import load_backbone
