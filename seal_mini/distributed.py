@@ -159,8 +159,8 @@ def _collective(what: str) -> Iterator[None]:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RankStopped(
             f"rank {rank()} stopped while {what}: another rank stopped or cannot be reached ({first[:200]}); "
-            "torchrun's summary names the rank that failed first. The last checkpoint stands: rerun the same "
-            "command to continue"
+            "torchrun's summary lists each rank that stopped and why (a killed one by its signal). The last "
+            "checkpoint stands: rerun the same command to continue"
         ) from None
 
 
