@@ -18,6 +18,7 @@ def test_start_figures_by_hand():
     assert f["groups_all_failed"] == 0.5 and f["groups_all_solved"] == 0.0
     assert f["mixed_if_success_were_even"] == pytest.approx(1 - 0.75**4 - 0.25**4, abs=1e-4)  # p = 0.25, G = 4
     assert f["successes_with_a_failure_label"] == 0.0
+    assert f["intervals"]["sampled_success"][0] <= 0.25 <= f["intervals"]["sampled_success"][1]
     assert f["labels"]["missing_tool_call"] == pytest.approx(5 / 16, abs=1e-4)
     # weights: 1.0 for the successes, (1.5 + 1) / 2 = 1.25 and (1.0 + 1) / 2 = 1.0 for group 1's failures; the
     # spread of the failed weights: group 1 sd(1.25, 1.0) = 0.125, group 2 (all 1.25) 0
@@ -27,6 +28,24 @@ def test_start_figures_by_hand():
     dot = sum(a * b for a, b in zip(plain, weighted, strict=True))
     norm = (sum(a * a for a in plain) * sum(b * b for b in weighted)) ** 0.5
     assert f["weighted_vs_plain_advantage_cosine"] == pytest.approx(dot / norm, abs=1e-3)
+
+
+def test_intervals_are_over_tasks_and_the_verdict_reads_them():
+    # 10 tasks of 2 episodes: tasks alike give a point interval; tasks that differ give one around the figure
+    alike = {"rewards": [1.0, 0.0] * 10, "labels": [["pass"], ["missing_tool_call"]] * 10}
+    greedy = {"rewards": [1.0] * 5 + [0.0] * 5}
+    iv = probe.task_intervals(alike, greedy, 2)
+    assert iv["sampled_success"] == [0.5, 0.5] and iv["mixed_groups"] == [1.0, 1.0]
+    assert iv["successes_with_a_failure_label"] == [0.0, 0.0]
+    low, high = iv["greedy_success"]
+    assert 0.1 <= low < 0.5 < high <= 0.9  # 5 of 10 tasks: sd 0.16
+    differ = {"rewards": [1.0, 1.0] * 5 + [0.0, 0.0] * 5, "labels": [["pass"]] * 20}
+    low, high = probe.task_intervals(differ, greedy, 2)["sampled_success"]
+    assert low < 0.5 < high and probe.task_intervals(differ, greedy, 2)["mixed_groups"] == [0.0, 0.0]
+    assert probe._verdict("mixed_groups", [0.61, 0.7]) == "ok"
+    assert probe._verdict("mixed_groups", [0.3, 0.59]).startswith("outside")
+    assert probe._verdict("mixed_groups", [0.55, 0.65]).startswith("undecided")
+    assert probe._verdict("successes_with_a_failure_label", None) == "-"
 
 
 def test_each_cue_alone_and_its_target_labels():
