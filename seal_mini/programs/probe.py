@@ -8,7 +8,7 @@ cannot act). The probe plays the first training step's sampling on the first `--
 epoch 0 (same streams as step 0 of a run of that seed, the bare environment a closed loop starts with),
 one greedy episode per task, and then the same sampled episodes with each cue forced on alone. It prints
 the figures beside the targets a practice recipe is calibrated to, with 95% bootstrap intervals over the
-tasks (at 64 tasks a share is known to about +-12 points; --tasks 256 halves that), and writes
+tasks (at 64 tasks the share of mixed groups is known to about +-11 points; --tasks 256 halves that), and writes
 <run_dir>/probe.json.
 """
 
