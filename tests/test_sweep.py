@@ -7,7 +7,7 @@ import pytest
 from seal_mini.config import ConfigError, load_config
 from seal_mini.programs import sweep
 from seal_mini.programs.placement import Outcome
-from seal_mini.runio import write_json
+from seal_mini.runio import read_json, write_json
 
 pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 
@@ -188,3 +188,32 @@ def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monke
     ):
         assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", "--seeds", "1", *flags]) == 0
         assert names.pop() == want
+
+
+def test_a_sweep_copies_a_warm_start_built_beside_it_instead_of_building_another(tmp_path, monkeypatch):
+    """`probe` (or a run) builds <out_dir>/<name>/warm_start; the sweep's runs sit one folder deeper, in
+    <out_dir>/<name>_sweep/, and would build the same warm start again (ten minutes on the CPU)."""
+    from seal_mini.engine.policy import warm_start_dir
+    from seal_mini.training import sft
+
+    overrides = [f"out_dir={tmp_path}", "sft.cue_compliance=0"]
+    probed = load_config("recipes/cpu_learn.yaml", [*overrides, "name=cpu_learn_c0"])
+    write_json(warm_start_dir(probed) / "identity.json", sft.identity(probed))  # a finished build, as reuse sees it
+    other = load_config("recipes/cpu_learn.yaml", [*overrides, "name=elsewhere", "sft.cue_compliance=0.5"])
+    write_json(warm_start_dir(other) / "identity.json", sft.identity(other))  # another warm start: not copied
+    seen = []
+
+    def fake_run_placed(jobs, gpus, per_run=1):
+        for job in jobs:
+            cfg = load_config(job.command[4], job.command[5:])
+            copied = warm_start_dir(cfg) / "identity.json"
+            seen.append(copied.exists() and read_json(copied) == sft.identity(cfg))
+            write_json(cfg.run_dir / "eval" / "base.json", {"success": {"base": 0.1, "mean": 0.1}, "n_tasks": 8})
+            write_json(cfg.run_dir / "eval" / "adapter.json", {"success": {"base": 0.1, "mean": 0.1}, "n_tasks": 8})
+        return [Outcome(job, [], 0, 1.0) for job in jobs]
+
+    monkeypatch.setattr(sweep, "run_placed", fake_run_placed)
+    assert sweep.main(["recipes/cpu_learn.yaml", *overrides, "--seeds", "2", "--ablations", "vanilla_rl"]) == 0
+    assert seen == [True] * 4
+    assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path / 'bare'}", "--seeds", "1"]) == 0
+    assert seen[4:] == [False]  # nothing built beside that sweep: its first run builds (or copies the shipped one)

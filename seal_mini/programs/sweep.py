@@ -370,6 +370,15 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
     # side by side on GPU sets where there are GPUs, one after another on the CPU, in waves as wide as the
     # GPU sets, so a stopped sweep keeps the wall times of the runs it finished; runs go in table order, so
     # the warm start the runs share is built by the first and reused by the others
+    # a warm start already built under the recipe's out_dir (by `probe`, `sft` or a run; the sweep's runs sit
+    # one folder deeper and would not see it) is copied, not built again
+    from seal_mini.engine.policy import WARM_START, warm_start_dir
+    from seal_mini.training.sft import copy_identical
+
+    built = sorted(Path(base.out_dir).glob(f"*/{WARM_START}/identity.json"))
+    for cfg, _ in jobs:
+        if cfg.sft.enabled and not (warm_start_dir(cfg) / "identity.json").exists():
+            copy_identical(cfg, built)
     gpus = visible_gpus()
     wave = max(1, len(gpus))
     outcomes = []

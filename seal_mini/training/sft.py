@@ -383,6 +383,20 @@ first run of that recipe copies it instead of spending minutes building it; a re
 differs in any setting builds its own, and `sft --rebuild` always builds."""
 
 
+def copy_identical(cfg: Config, candidates: list[Path]) -> bool:
+    """Copy the first warm start among `candidates` (their identity.json files) built with this run's identity
+    into the run's warm-start folder; False where none is identical."""
+    out, want = warm_start_dir(cfg), identity(cfg)
+    for other in candidates:
+        if other.parent != out and read_json(other) == want:
+            with new_dir(out) as tmp:
+                shutil.copytree(other.parent, tmp, dirs_exist_ok=True)
+            source = other.parent if other.parent.parent == SHIPPED else other.parent.parent  # a run's, or shipped
+            print(f"[sft] reusing the identical warm start of {source}")
+            return True
+    return False
+
+
 def ensure_warm_start(cfg: Config, continuing: bool = False) -> Path:
     """The run's warm start: kept if built with this identity, copied from a sibling run directory or from the
     shipped warm starts (SHIPPED) where one is identical, else built now. A continuing run (continuing=True:
@@ -392,11 +406,6 @@ def ensure_warm_start(cfg: Config, continuing: bool = False) -> Path:
     if (out / "identity.json").exists() and (continuing or read_json(out / "identity.json") == want):
         return out
     siblings = sorted(Path(cfg.out_dir).glob(f"*/{WARM_START}/identity.json"))
-    for other in [*siblings, *sorted(SHIPPED.glob("*/identity.json"))]:
-        if other.parent != out and read_json(other) == want:
-            with new_dir(out) as tmp:
-                shutil.copytree(other.parent, tmp, dirs_exist_ok=True)
-            source = other.parent if other.parent.parent == SHIPPED else other.parent.parent  # a run's, or shipped
-            print(f"[sft] reusing the identical warm start of {source}")
-            return out
+    if copy_identical(cfg, [*siblings, *sorted(SHIPPED.glob("*/identity.json"))]):
+        return out
     return run_sft(cfg)
