@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -54,9 +53,7 @@ def test_launch_command_uses_torchrun_for_several_ranks():
 
 def test_runs_go_side_by_side_each_on_its_own_gpus(tmp_path):
     jobs = [fake_job(tmp_path, f"run{i}") for i in range(5)]
-    started = time.monotonic()
     outcomes = run_placed(jobs, ["0", "1", "2", "3"], per_run=2, poll_s=0.05, echo=lambda _: None)
-    wall = time.monotonic() - started
     records = [json.loads((tmp_path / f"run{i}.json").read_text()) for i in range(5)]
     assert all(o.returncode == 0 for o in outcomes)
     assert [",".join(o.gpus) for o in outcomes] == [r["gpus"] for r in records]
@@ -65,8 +62,8 @@ def test_runs_go_side_by_side_each_on_its_own_gpus(tmp_path):
         overlapping = [b for b in records if b["start"] < a["end"] and a["start"] < b["end"]]
         assert len(overlapping) <= 2
         assert len({b["gpus"] for b in overlapping}) == len(overlapping)
-    # two sets: three waves of 0.6 s (5 runs), well below five runs one after another
-    assert wall < 5 * 0.6, wall
+    # two sets: the first two runs start together (from their own clocks, not the test's wall time)
+    assert records[1]["start"] < records[0]["end"] and records[0]["start"] < records[1]["end"]
 
 
 def test_a_failed_run_is_named_and_the_others_go_on(tmp_path):
