@@ -6,6 +6,7 @@ import pytest
 
 from seal_mini.config import CATEGORIES, ConfigError, load_config
 from seal_mini.core.diagnose import diagnose
+from seal_mini.core.faults import plan
 from seal_mini.core.interface import Interface, InterfaceState
 from seal_mini.envs import practice
 from seal_mini.envs.episode import Episode
@@ -67,6 +68,9 @@ def test_the_phenomena_of_each_category(tasks):
             assert any(c.startswith(revealed["name"] + "(") for c in task.ground_truth[k + 1])
             assert revealed["name"] not in {d["name"] for d in task.tools}
             assert not any(c.startswith(revealed["name"] + "(") for calls in task.ground_truth[: k + 1] for c in calls)
+            # the withheld tool changes the state: BFCL never checks a turn that needs no call, so a read-only one
+            # called before its reveal always passes, a success the diagnoser names spurious_tool_call
+            assert plan(task)[k + 1][-1].changes_state, task.id
         else:
             assert not empty_turns and not task.held_out, task.id
 

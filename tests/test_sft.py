@@ -1,6 +1,7 @@
 """The sft stage: demonstrations on the rollout token path, controlled faults the diagnoser names, the
 warm start built, cached, reused and loaded as the backbone."""
 
+import json
 import random
 from collections import Counter
 
@@ -175,6 +176,15 @@ def test_a_warm_start_is_reused_only_under_the_same_cpu_thread_setting(tmp_path,
 
     monkeypatch.setattr(policy_module, "resolve_device", lambda name: torch.device("cuda"))
     assert sft.identity(practice_cfg(tmp_path, "cpu_threads=1"))["cpu_threads"] is None  # GPU rounding: not threads
+
+
+def test_a_warm_start_built_on_another_practice_world_is_not_reused(tmp_path, monkeypatch):
+    """An edit to the practice world (a domain, the generator) changes what the warm start learned from."""
+    cfg = practice_cfg(tmp_path, "data.max_train_tasks=4")
+    before = sft.identity(cfg)
+    assert before == sft.identity(practice_cfg(tmp_path, "data.max_train_tasks=4"))
+    monkeypatch.setattr(practice, "signature", lambda t: json.dumps([t.turns, t.ground_truth[:-1]]))
+    assert sft.identity(cfg) != before
 
 
 def test_a_continuing_run_keeps_the_warm_start_its_adapter_was_trained_on(tmp_path, monkeypatch):

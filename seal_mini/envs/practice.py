@@ -30,6 +30,7 @@ turns and ground truth equal a training task's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -630,8 +631,12 @@ def generate(category: str, rng: random.Random, index: int, task_id: str) -> Pra
             requests = _draw_requests(domain, 2 if missing else rng.randint(2, 3), rng)
         special = _phenomenon_turn(category, requests, rng)
         if len(requests) >= 2 and (special is not None or not missing):
-            break
+            task = _build(category, domain, requests, special, rng, task_id, index)
+            if category != "miss_func" or _withheld_call_changes_state(task):
+                return task
 
+
+def _build(category: str, domain, requests: list[Request], special, rng, task_id: str, index: int) -> PracticeTask:
     turns: list[list[dict]] = []
     truth: list[list[str]] = []
     held_out: dict[int, list[str]] = {}
@@ -663,6 +668,25 @@ def generate(category: str, rng: random.Random, index: int, task_id: str) -> Pra
         tools=[docs[t] for t in domain.tools if t in offered and t not in withheld],
         held_out={turn: [docs[t] for t in names] for turn, names in held_out.items()},
     )
+
+
+def _withheld_call_changes_state(task: PracticeTask) -> bool:
+    """Whether the withheld tool's call changes the back end's state in the ground truth's run. A miss_func
+    task withholds only such a tool: a call of it before its reveal then fails the checker, as the
+    spurious-call fault's does, where a read-only one would pass while the diagnoser names it
+    spurious_tool_call, and the weight of that success (rho 2.0) would reinforce the premature call."""
+    from seal_mini.envs.episode import new_instances, public_methods, state_of
+    from seal_mini.envs.scripted import ground_truth_turns
+
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    for turn, calls in enumerate(ground_truth_turns(task)):
+        for k, (name, arguments) in enumerate(calls):
+            before = state_of(instances) if turn in task.held_out and k == len(calls) - 1 else None
+            methods[name](**arguments)
+            if before is not None and state_of(instances) == before:
+                return False
+    return True
 
 
 def task_id(seed: int, side: str, category: str, index: int) -> str:
@@ -765,6 +789,15 @@ def demo_ids(cfg: Config) -> list[str]:
     """Ids of the tasks demonstrated to the warm start: the training split's, then more of the same side."""
     n = demo_pool(cfg) or cfg.data.train_per_category
     return [i for c in _categories(cfg) for i in first(stream(cfg.data.split_seed, "train", c, backends(cfg)), n)]
+
+
+def fingerprint(cfg: Config) -> str:
+    """A digest of the tasks the warm start is demonstrated, so that one built on another version of the
+    practice world (an edit to a domain, to the generator) is not reused."""
+    digest = hashlib.sha256()
+    for i in demo_ids(cfg):
+        digest.update(signature(task(i)).encode())
+    return digest.hexdigest()[:16]
 
 
 @dataclass

@@ -44,7 +44,7 @@ from seal_mini.distributed import is_main
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
-from seal_mini.envs import world
+from seal_mini.envs import practice, world
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT
@@ -303,9 +303,7 @@ def demonstrated_tasks(cfg: Config) -> list[Task]:
     """The tasks the warm start learns from: the training split, or (practice, sft.tasks_per_category) a
     larger pool of generated training-side tasks that starts with it."""
     if cfg.data.source == "practice" and cfg.sft.tasks_per_category:
-        from seal_mini.envs.practice import demo_ids
-
-        return pick(demo_ids(cfg), cfg.data.max_train_tasks)
+        return pick(practice.demo_ids(cfg), cfg.data.max_train_tasks)
     return pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
 
 
@@ -337,6 +335,7 @@ def identity(cfg: Config) -> dict:
         "logprob_chunk": cfg.train.logprob_chunk,
         "max_grad_norm": cfg.train.max_grad_norm,
         **({"world": world.fingerprint(cfg)} if cfg.data.source == "tasks" else {}),  # the files, not their names
+        **({"practice_world": practice.fingerprint(cfg)} if cfg.data.source == "practice" else {}),
     }
 
 
