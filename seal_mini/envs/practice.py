@@ -17,7 +17,8 @@ tokens for the scratch tokenizer), since sequence length is what a CPU pays for:
   miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn
                 gives it;
   miss_func     a request needs a tool that is not offered (no call); the next turn reveals the tool,
-                with BFCL's own reveal text;
+                with BFCL's own reveal text (a tool that changes the state: BFCL never checks a turn that
+                needs no call, so a read-only one called early would pass);
   long_context  a larger initial state (many files, tickets, contacts, ...), whose listing the task
                 reads. It is our own larger state, not BFCL's long filler, which would not fit a small
                 model: the task's `long_context` flag is off, and no id contains "long_context" (the
