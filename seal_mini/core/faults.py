@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import json
-import pickle
 from dataclasses import dataclass
 
 from seal_mini.config import EnvConfig
 from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
 from seal_mini.envs.episode import format_output, new_instances, public_methods
-from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_effects
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
 from seal_mini.labels import REGISTRY, RegistryError
 
@@ -42,22 +41,10 @@ class PlannedCall:
 
 def plan(task: Task) -> list[list[PlannedCall]]:
     """The ground truth's calls per turn, each marked by whether it changes the public state."""
-    instances = new_instances(task)
-    methods = public_methods(instances)
-    turns = []
-    for calls in ground_truth_turns(task):
-        planned = []
-        for name, arguments in calls:
-            instance = methods[name].__self__
-            before = pickle.loads(pickle.dumps({k: v for k, v in vars(instance).items() if not k.startswith("_")}))
-            try:
-                methods[name](**copy.deepcopy(arguments))  # back ends keep (and later grow) lists passed in
-            except Exception:  # noqa: BLE001 - a raising reference call changes nothing we need to know
-                pass
-            after = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
-            planned.append(PlannedCall(name, arguments, after != before, type(instance).__name__))
-        turns.append(planned)
-    return turns
+    return [
+        [PlannedCall(name, args, changed, owner) for name, args, owner, changed in calls]
+        for calls in ground_truth_effects(task)
+    ]
 
 
 def offered_schemas(task: Task, turn: int) -> dict[str, dict]:

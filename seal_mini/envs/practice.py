@@ -40,6 +40,7 @@ from functools import cache
 
 from seal_mini.config import CATEGORIES, Config, ConfigError
 from seal_mini.envs.bfcl import Task, tool_docs
+from seal_mini.envs.scripted import ground_truth_effects
 
 PREFIX = "practice"
 SIDES = ("train", "heldin")
@@ -672,22 +673,13 @@ def _build(category: str, domain, requests: list[Request], special, rng, task_id
 
 
 def _withheld_call_changes_state(task: PracticeTask) -> bool:
-    """Whether the withheld tool's call changes the back end's state in the ground truth's run. A miss_func
-    task withholds only such a tool: a call of it before its reveal then fails the checker, as the
-    spurious-call fault's does, where a read-only one would pass while the diagnoser names it
-    spurious_tool_call, and the weight of that success (rho 2.0) would reinforce the premature call."""
-    from seal_mini.envs.episode import new_instances, public_methods, state_of
-    from seal_mini.envs.scripted import ground_truth_turns
-
-    instances = new_instances(task)
-    methods = public_methods(instances)
-    for turn, calls in enumerate(ground_truth_turns(task)):
-        for k, (name, arguments) in enumerate(calls):
-            before = state_of(instances) if turn in task.held_out and k == len(calls) - 1 else None
-            methods[name](**arguments)
-            if before is not None and state_of(instances) == before:
-                return False
-    return True
+    """Whether the withheld tool's call changes its back end's state in the ground truth's run. A miss_func
+    task withholds only such a tool: called before its reveal, it changes the state the reveal turn's check
+    sees (it passes only where the reveal turn's calls leave the same state), where a read-only one always
+    passes while the diagnoser names it spurious_tool_call, and the weight of that success (rho 2.0) would
+    reinforce the premature call."""
+    effects = ground_truth_effects(task)
+    return all(effects[turn][-1][3] for turn in task.held_out)
 
 
 def task_id(seed: int, side: str, category: str, index: int) -> str:

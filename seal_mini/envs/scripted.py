@@ -8,7 +8,9 @@ warm start's demonstrations and held-in evaluation of a scripted policy all repl
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
+import pickle
 from collections.abc import Callable
 
 from seal_mini.envs.bfcl import Task
@@ -43,6 +45,27 @@ def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[s
     for calls in task.ground_truth:
         parsed = [ground_truth_call(c, methods) for c in calls]
         turns.append(parsed[:-1] if drop_last and parsed else parsed)
+    return turns
+
+
+def ground_truth_effects(task: Task) -> list[list[tuple[str, dict, str, bool]]]:
+    """The ground truth run once on fresh back ends: per turn, per call, (name, arguments, the class that
+    implements it, whether executing it changed that back end's public state)."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    turns = []
+    for calls in ground_truth_turns(task):
+        effects = []
+        for name, arguments in calls:
+            instance = methods[name].__self__
+            before = pickle.loads(pickle.dumps({k: v for k, v in vars(instance).items() if not k.startswith("_")}))
+            try:
+                methods[name](**copy.deepcopy(arguments))  # back ends keep (and later grow) lists passed in
+            except Exception:  # noqa: BLE001 - a raising reference call changes nothing we need to know
+                pass
+            after = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
+            effects.append((name, arguments, type(instance).__name__, after != before))
+        turns.append(effects)
     return turns
 
 
