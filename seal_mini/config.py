@@ -448,6 +448,9 @@ class SftConfig:
     to act, it guesses values it should ask for) 1 + c/2 times, and with error feedback shown an error is
     repaired with probability c. 0: cues predict nothing (the negative control). An instruction-tuned model
     follows instructions partly; a model built from scratch only as far as its demonstrations show it."""
+    cue_side_effect: float = 0.5
+    """How strongly a shown guideline raises the faults it raises (labels.Guideline.raises): 1 + this * c
+    times as likely. 0: guidelines lower their own label's faults and nothing else (no side effects)."""
     seed: int = -1
     """Seed of the warm start (its weights, demonstrations and their order); -1: the run's seed. A sweep sets
     it so that every seed's runs start from one warm start and differ only in what RL does."""
@@ -477,6 +480,7 @@ class SftConfig:
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
         )
+        _check(self.cue_side_effect >= 0, f"{key}.cue_side_effect", "must be >= 0 (0 = no side effects)")
         _check(self.seed >= -1, f"{key}.seed", "must be >= 0, or -1 for the run's seed")
         _check(self.epochs > 0, f"{key}.epochs", "must be > 0")
         _check(self.batch > 0, f"{key}.batch", "must be > 0")

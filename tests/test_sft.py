@@ -353,6 +353,8 @@ def test_cue_shares_by_hand():
     cautious = sft.cue_shares(faults, InterfaceState(guidelines=["cautious_call"]), 1.0)
     assert cautious["guessed_value_call"] == 0.0 and cautious["no_call_answer"] == pytest.approx(0.6)
     assert sft.cue_shares(faults, act, 0.0) == faults == sft.cue_shares(faults, None, 1.0)
+    plain = sft.cue_shares(faults, act, 0.5, side_effect=0.0)  # sft.cue_side_effect 0: no side effects
+    assert plain["guessed_value_call"] == pytest.approx(0.6) and plain["no_call_answer"] == pytest.approx(0.2)
 
 
 def test_error_feedback_shows_errors_repaired_as_often_as_the_compliance_says():

@@ -62,20 +62,19 @@ ABSTAIN_TEXT = "I need more details or another tool to do that."
 FORMAT = 3
 """Version of how demonstrations are made; part of a warm start's identity (bump it when they change).
 3: cues drawn from their own stream before the faults, which follow them with sft.cue_compliance."""
-SIDE_EFFECT = 0.5
-"""With a guideline shown, each fault kind it raises (labels.Guideline.raises) is 1 + SIDE_EFFECT * c times
-as likely (c = sft.cue_compliance)."""
 
 
 # --- demonstrations ---------------------------------------------------------------------------------
 
 
-def cue_shares(faults: dict[str, float], cues: InterfaceState | None, compliance: float) -> dict[str, float]:
+def cue_shares(
+    faults: dict[str, float], cues: InterfaceState | None, compliance: float, side_effect: float = 0.5
+) -> dict[str, float]:
     """The share of each fault kind in a demonstration shown `cues`, for a backbone that follows cues to degree
     c = compliance (sft.cue_compliance): a fault whose label a shown cue addresses (the label's guideline, or
     the schema cues for argument and format failures) is (1 - c) times as likely; one a shown guideline
-    raises (its side effect) is 1 + SIDE_EFFECT * c times as likely. c = 0, or no cue shown: the shares
-    as given, so cues predict nothing."""
+    raises (its side effect) is 1 + side_effect * c times as likely (sft.cue_side_effect). c = 0, or no cue
+    shown: the shares as given, so cues predict nothing."""
     if cues is None or not cues.active or not compliance:
         return dict(faults)
     addressed = {GUIDELINES[g][0] for g in cues.guidelines} | (set(SCHEMA_TRIGGERS) if cues.schema_cues else set())
@@ -85,7 +84,7 @@ def cue_shares(faults: dict[str, float], cues: InterfaceState | None, compliance
         if FAULTS[kind][0] in addressed:
             share *= 1.0 - compliance
         if kind in raised:
-            share = min(1.0, share * (1.0 + SIDE_EFFECT * compliance))
+            share = min(1.0, share * (1.0 + side_effect * compliance))
         out[kind] = share
     return out
 
@@ -97,6 +96,7 @@ def demo_turns(
     cues: InterfaceState | None = None,
     compliance: float = 0.0,
     per_episode: bool = False,
+    side_effect: float = 0.5,
 ) -> tuple[list[list[str]], list[str]]:
     """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
     except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order), with
@@ -105,7 +105,7 @@ def demo_turns(
     drawn fault that leaves an error unrepaired is shown repaired instead with probability c
     (labels.Fault.repaired_as)."""
     p = plan(task)
-    shares = cue_shares(faults, cues, compliance)
+    shares = cue_shares(faults, cues, compliance, side_effect)
     traits = {kind: rng.random() < share for kind, share in shares.items()} if per_episode else None
     repairs = cues is not None and cues.error_feedback and compliance > 0
     messages, kinds = [], []
@@ -189,7 +189,9 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
             cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
             cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
             episode = cfg.sft.fault_draw == "episode"
-            turns, kinds = demo_turns(task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode)
+            turns, kinds = demo_turns(
+                task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode, cfg.sft.cue_side_effect
+            )
             env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
                 skipped += 1
