@@ -57,6 +57,7 @@ from seal_mini.envs.episode import (
     format_output,
     new_instances,
     public_methods,
+    public_state,
 )
 from seal_mini.envs.harness import instance_name, method_owners, run_call
 from seal_mini.envs.scripted import ground_truth_call
@@ -104,7 +105,7 @@ def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dic
     about three times faster than deepcopy on these states."""
     out = {}
     for name, instance in instances.items():
-        public = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
+        public = public_state(instance)
         if previous is not None and public == previous[name]:
             out[name] = previous[name]
         else:

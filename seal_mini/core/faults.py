@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
 
 from seal_mini.config import EnvConfig
 from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
-from seal_mini.envs.episode import format_output, new_instances, public_methods
-from seal_mini.envs.scripted import DONE_TEXT, ground_truth_effects
+from seal_mini.envs.episode import format_output, new_instances, public_methods, public_state
+from seal_mini.envs.scripted import DONE_TEXT, PlannedCall, ground_truth_effects
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
 from seal_mini.labels import REGISTRY, RegistryError
 
@@ -29,22 +28,8 @@ MAX_MESSAGES_PER_TURN = EnvConfig().max_calls_per_turn
 # --- what each ground-truth call does -----------------------------------------------------------------
 
 
-@dataclass
-class PlannedCall:
-    name: str
-    arguments: dict
-    changes_state: bool
-    """Executing it changed the public state of its back end (in the ground truth's own run)."""
-    owner: str = ""
-    """The back-end class that implements it."""
-
-
-def plan(task: Task) -> list[list[PlannedCall]]:
-    """The ground truth's calls per turn, each marked by whether it changes the public state."""
-    return [
-        [PlannedCall(name, args, changed, owner) for name, args, owner, changed in calls]
-        for calls in ground_truth_effects(task)
-    ]
+plan = ground_truth_effects
+"""The ground truth's calls per turn (PlannedCall), each marked by whether it changes the public state."""
 
 
 def offered_schemas(task: Task, turn: int) -> dict[str, dict]:
@@ -236,10 +221,6 @@ def _drop(want_state: bool):
     return build
 
 
-def _public(instance) -> dict:
-    return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
-
-
 def _changing_here(task: Task, p: list[list[PlannedCall]], turn: int, i: int, candidates: list[PlannedCall]):
     """The candidates that change their back end's public state when run in place of call i of the turn,
     after the ground truth up to it (a call that changed state at its own turn may not here: a login
@@ -254,12 +235,12 @@ def _changing_here(task: Task, p: list[list[PlannedCall]], turn: int, i: int, ca
     out = []
     for c in candidates:
         method = public_methods(copy.deepcopy(instances))[c.name]
-        before = copy.deepcopy(_public(method.__self__))
+        before = copy.deepcopy(public_state(method.__self__))
         try:
             method(**copy.deepcopy(c.arguments))
         except Exception:  # noqa: BLE001 - a raising call changes nothing
             continue
-        if _public(method.__self__) != before:
+        if public_state(method.__self__) != before:
             out.append(c)
     return out
 
@@ -359,7 +340,7 @@ def _run_turn(task: Task, p: list[list[PlannedCall]], turn: int, calls: list[tup
     for c in [c for earlier in p[:turn] for c in earlier]:
         _call_outcome(methods, c.name, c.arguments)
     outcomes = [_call_outcome(methods, name, arguments) for name, arguments in calls]
-    return outcomes, {cls: _public(instance) for cls, instance in instances.items()}
+    return outcomes, {cls: public_state(instance) for cls, instance in instances.items()}
 
 
 def _without(calls: list, i: int) -> list:

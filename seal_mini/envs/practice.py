@@ -679,7 +679,7 @@ def _withheld_call_changes_state(task: PracticeTask) -> bool:
     passes while the diagnoser names it spurious_tool_call, and the weight of that success (rho 2.0) would
     reinforce the premature call."""
     effects = ground_truth_effects(task)
-    return all(effects[turn][-1][3] for turn in task.held_out)
+    return all(effects[turn][-1].changes_state for turn in task.held_out)
 
 
 def task_id(seed: int, side: str, category: str, index: int) -> str:

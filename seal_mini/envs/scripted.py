@@ -12,9 +12,10 @@ import copy
 import inspect
 import pickle
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from seal_mini.envs.bfcl import Task
-from seal_mini.envs.episode import Episode, new_instances, public_methods
+from seal_mini.envs.episode import Episode, new_instances, public_methods, public_state
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.envs.verifier import check_episode
 
@@ -48,9 +49,19 @@ def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[s
     return turns
 
 
-def ground_truth_effects(task: Task) -> list[list[tuple[str, dict, str, bool]]]:
-    """The ground truth run once on fresh back ends: per turn, per call, (name, arguments, the class that
-    implements it, whether executing it changed that back end's public state)."""
+@dataclass
+class PlannedCall:
+    name: str
+    arguments: dict
+    changes_state: bool
+    """Executing it changed the public state of its back end (in the ground truth's own run)."""
+    owner: str = ""
+    """The back-end class that implements it."""
+
+
+def ground_truth_effects(task: Task) -> list[list[PlannedCall]]:
+    """The ground truth run once on fresh back ends: per turn, its calls, each marked by whether executing
+    it changed its back end's public state."""
     instances = new_instances(task)
     methods = public_methods(instances)
     turns = []
@@ -58,13 +69,13 @@ def ground_truth_effects(task: Task) -> list[list[tuple[str, dict, str, bool]]]:
         effects = []
         for name, arguments in calls:
             instance = methods[name].__self__
-            before = pickle.loads(pickle.dumps({k: v for k, v in vars(instance).items() if not k.startswith("_")}))
+            before = pickle.loads(pickle.dumps(public_state(instance)))
             try:
                 methods[name](**copy.deepcopy(arguments))  # back ends keep (and later grow) lists passed in
             except Exception:  # noqa: BLE001 - a raising reference call changes nothing we need to know
                 pass
-            after = {k: v for k, v in vars(instance).items() if not k.startswith("_")}
-            effects.append((name, arguments, type(instance).__name__, after != before))
+            changed = public_state(instance) != before
+            effects.append(PlannedCall(name, arguments, changed, type(instance).__name__))
         turns.append(effects)
     return turns
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from seal_mini.config import FAULT_KINDS, Config, ConfigError
+from seal_mini.config import FAULT_KINDS, Config, ConfigError, SftConfig
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
 from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
@@ -68,7 +68,10 @@ FORMAT = 3
 
 
 def cue_shares(
-    faults: dict[str, float], cues: InterfaceState | None, compliance: float, side_effect: float = 0.5
+    faults: dict[str, float],
+    cues: InterfaceState | None,
+    compliance: float,
+    side_effect: float = SftConfig.cue_side_effect,
 ) -> dict[str, float]:
     """The share of each fault kind in a demonstration shown `cues`, for a backbone that follows cues to degree
     c = compliance (sft.cue_compliance): a fault whose label a shown cue addresses (the label's guideline, or
@@ -96,7 +99,7 @@ def demo_turns(
     cues: InterfaceState | None = None,
     compliance: float = 0.0,
     per_episode: bool = False,
-    side_effect: float = 0.5,
+    side_effect: float = SftConfig.cue_side_effect,
 ) -> tuple[list[list[str]], list[str]]:
     """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
     except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order), with
