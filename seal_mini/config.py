@@ -314,9 +314,15 @@ class InterfaceConfig:
     sticky_cues: bool = True
     """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
     otherwise flip off the next round and back on the one after."""
+    bare_share: float = 0.0
+    """Share of each round's tasks whose groups play the bare benchmark (no cue, no retry) while the others
+    play through Omega_t: the update then also learns on the prompts evaluation shows. 0: every group
+    through the interface, as the paper trains. A kit switch, to test whether cues that are on in
+    training and off in evaluation cost on the benchmark (docs/cpu_learn.md)."""
 
     def validate(self, key: str) -> None:
         _check(self.min_count >= 0, f"{key}.min_count", "must be >= 0")
+        _check(0.0 <= self.bare_share <= 1.0, f"{key}.bare_share", "must be a share in [0, 1]")
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
         _check(0.0 <= self.trigger_min_prevalence <= 1.0, f"{key}.trigger_min_prevalence", "must be in [0, 1]")
         _check(0.0 <= self.min_prevalence <= 1.0, f"{key}.min_prevalence", "must be in [0, 1]")

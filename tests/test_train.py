@@ -15,7 +15,7 @@ from seal_mini.engine.policy import load_policy
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import Verdict
-from seal_mini.runio import read_jsonl_gz, read_metrics
+from seal_mini.runio import read_json, read_jsonl_gz, read_metrics
 from seal_mini.training import checkpoint as checkpoint_module
 from seal_mini.training import train as train_module
 from seal_mini.training import update as update_module
@@ -327,3 +327,37 @@ def test_the_loop_logs_a_skipped_step_and_wires_the_switches(tmp_path, monkeypat
             assert a["advantage"] == pytest.approx(a["weight"] * (a["reward"] - b["reward"]), abs=1e-6)
             assert b["advantage"] == pytest.approx(b["weight"] * (b["reward"] - a["reward"]), abs=1e-6)
     assert any(r["reward"] != 0 for r in traj)
+
+
+def test_bare_share_plays_that_share_of_each_steps_groups_without_the_interface(tmp_path, monkeypatch):
+    """interface.bare_share=0.5 with every cue on from step 0 (open loop): each step one of its two tasks
+    plays the bare benchmark, both of its episodes, and the round record names it; the pick is a function
+    of (seed, step)."""
+    assert train_module.bare_tasks(8, 0.25, 0, 3) == train_module.bare_tasks(8, 0.25, 0, 3)
+    assert len(train_module.bare_tasks(8, 0.25, 0, 3)) == 2 and train_module.bare_tasks(8, 0.0, 0, 3) == set()
+    assert len({frozenset(train_module.bare_tasks(8, 0.5, 0, s)) for s in range(6)}) > 1  # steps differ
+    monkeypatch.setattr(train_module, "score", fake_score)
+    played, real_make_env = [], train_module.make_env
+
+    def record(task, cfg, interface):
+        played.append((task.id, interface is not None))
+        return real_make_env(task, cfg, interface)
+
+    monkeypatch.setattr(train_module, "make_env", record)
+    cfg = load_config(
+        overrides=RESUME
+        + [
+            f"out_dir={tmp_path}",
+            "name=bare",
+            "train.steps=2",
+            "interface.closed_loop=false",
+            "interface.bare_share=0.5",
+        ]
+    )
+    train_module.train(cfg)
+    for step in range(2):
+        episodes = played[4 * step : 4 * step + 4]
+        bare = {task for task, cued in episodes if not cued}
+        assert len(bare) == 1 and sum(not cued for _, cued in episodes) == 2
+        record_ = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
+        assert record_["bare_tasks"] == sorted(bare)

@@ -90,7 +90,8 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
         local = [k * G + s for k in rank_positions(len(tasks)) for s in range(G)]  # this rank's episodes
         samples = sample_numbers([task.id for task in tasks for _ in range(G)])
-        envs = [make_env(tasks[i // G], cfg, state.interface) for i in local]
+        bare = bare_tasks(len(tasks), cfg.interface.bare_share, cfg.seed, step)  # interface.bare_share
+        envs = [make_env(tasks[i // G], cfg, None if i // G in bare else state.interface) for i in local]
         with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False, disable=quiet) as bar:
             trajs = run_rollouts(
                 policy,
@@ -150,7 +151,10 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         seconds = {"rollout_s": t_rollout, "update_s": t_update, "step_s": time.perf_counter() - t0}
         row = metrics_row(step, episodes, profile, used, seconds, adv_metrics, w_metrics, loss_metrics, rho_metrics)
         rows = trajectory_rows(step, G, episodes, weights.tolist(), adv.tolist())
-        out.round(step, rows, {"step": step, "interface_used": used, "profile": profile, "rho": state.rho})
+        record = {"step": step, "interface_used": used, "profile": profile, "rho": state.rho}
+        if bare and used:
+            record["bare_tasks"] = sorted(tasks[k].id for k in bare)
+        out.round(step, rows, record)
 
         # 8. held-in evaluation (bare benchmark, no interface; split over the ranks) and checkpoint
         state.step, state.profile = step + 1, profile
@@ -173,6 +177,12 @@ def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
     """The bare benchmark episode, wrapped in the training-time interface when one is given."""
     episode = Episode(task, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode)
     return Interface(episode, interface) if interface is not None else episode
+
+
+def bare_tasks(n_tasks: int, share: float, seed: int, step: int) -> set[int]:
+    """Positions of the step's tasks whose groups play without the interface (interface.bare_share): a
+    function of (seed, step) alone, so every rank and a resumed run pick the same."""
+    return set(random.Random(f"bare:{seed}:{step}").sample(range(n_tasks), round(share * n_tasks)))
 
 
 def score(envs: list) -> list:
