@@ -315,10 +315,12 @@ class InterfaceConfig:
     """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
     otherwise flip off the next round and back on the one after."""
     bare_share: float = 0.0
-    """Share of each round's tasks whose groups play the bare benchmark (no cue, no retry) while the others
-    play through Omega_t: the update then also learns on the prompts evaluation shows. 0: every group
-    through the interface, as the paper trains. A kit switch, to test whether cues that are on in
-    training and off in evaluation cost on the benchmark (docs/cpu_learn.md)."""
+    """Share of each round's tasks (rounded to whole tasks) whose groups play the bare benchmark (no cue, no
+    retry) while the others play through Omega_t: the update then also learns on the prompts evaluation
+    shows. 0: every group through the interface, as the paper trains. A kit switch, to test whether cues
+    that are on in training and off in evaluation cost on the benchmark (docs/cpu_learn.md). The rounds
+    record which tasks played bare; the report's cue table and the sweep's training-success figures count
+    a round's bare groups with the rest."""
 
     def validate(self, key: str) -> None:
         _check(self.min_count >= 0, f"{key}.min_count", "must be >= 0")

@@ -333,17 +333,17 @@ def test_bare_share_plays_that_share_of_each_steps_groups_without_the_interface(
     """interface.bare_share=0.5 with every cue on from step 0 (open loop): each step one of its two tasks
     plays the bare benchmark, both of its episodes, and the round record names it; the pick is a function
     of (seed, step)."""
-    assert train_module.bare_tasks(8, 0.25, 0, 3) == train_module.bare_tasks(8, 0.25, 0, 3)
+    assert train_module.bare_tasks(8, 0.25, 0, 3) == {5, 7}  # a function of (seed, step), in any process
     assert len(train_module.bare_tasks(8, 0.25, 0, 3)) == 2 and train_module.bare_tasks(8, 0.0, 0, 3) == set()
     assert len({frozenset(train_module.bare_tasks(8, 0.5, 0, s)) for s in range(6)}) > 1  # steps differ
     monkeypatch.setattr(train_module, "score", fake_score)
     played, real_make_env = [], train_module.make_env
 
-    def record(task, cfg, interface):
+    def spy(task, cfg, interface):
         played.append((task.id, interface is not None))
         return real_make_env(task, cfg, interface)
 
-    monkeypatch.setattr(train_module, "make_env", record)
+    monkeypatch.setattr(train_module, "make_env", spy)
     cfg = load_config(
         overrides=RESUME
         + [
@@ -359,5 +359,8 @@ def test_bare_share_plays_that_share_of_each_steps_groups_without_the_interface(
         episodes = played[4 * step : 4 * step + 4]
         bare = {task for task, cued in episodes if not cued}
         assert len(bare) == 1 and sum(not cued for _, cued in episodes) == 2
-        record_ = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
-        assert record_["bare_tasks"] == sorted(bare)
+        record = read_json(cfg.run_dir / "rounds" / f"step_{step:04d}.json")
+        assert record["bare_tasks"] == sorted(bare)
+    plain = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=plain", "train.steps=1"])
+    train_module.train(plain)
+    assert "bare_tasks" not in read_json(plain.run_dir / "rounds" / "step_0000.json")

@@ -84,13 +84,14 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
     for step in tqdm(steps, desc="train", initial=state.step, total=cfg.train.steps, disable=quiet):
         t0 = time.perf_counter()
 
-        # 1. rollouts: G on-policy episodes per task, through the interface Omega_t; each episode samples
+        # 1. rollouts: G on-policy episodes per task, through the interface Omega_t (but for the groups of
+        #    interface.bare_share of the tasks, which play the bare benchmark); each episode samples
         #    from its own stream, seeded by (seed, step, task, sample). With several ranks, each plays its
         #    own tasks of the step (all of them in one process).
         tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
         local = [k * G + s for k in rank_positions(len(tasks)) for s in range(G)]  # this rank's episodes
         samples = sample_numbers([task.id for task in tasks for _ in range(G)])
-        bare = bare_tasks(len(tasks), cfg.interface.bare_share, cfg.seed, step)  # interface.bare_share
+        bare = bare_tasks(len(tasks), cfg.interface.bare_share, cfg.seed, step)
         envs = [make_env(tasks[i // G], cfg, None if i // G in bare else state.interface) for i in local]
         with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False, disable=quiet) as bar:
             trajs = run_rollouts(
@@ -152,7 +153,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         row = metrics_row(step, episodes, profile, used, seconds, adv_metrics, w_metrics, loss_metrics, rho_metrics)
         rows = trajectory_rows(step, G, episodes, weights.tolist(), adv.tolist())
         record = {"step": step, "interface_used": used, "profile": profile, "rho": state.rho}
-        if bare and used:
+        if bare and state.interface is not None:
             record["bare_tasks"] = sorted(tasks[k].id for k in bare)
         out.round(step, rows, record)
 
