@@ -217,3 +217,27 @@ def test_a_sweep_copies_a_warm_start_built_beside_it_instead_of_building_another
     assert seen == [True] * 4
     assert sweep.main(["recipes/cpu_learn.yaml", f"out_dir={tmp_path / 'bare'}", "--seeds", "1"]) == 0
     assert seen[4:] == [False]  # nothing built beside that sweep: its first run builds (or copies the shipped one)
+
+
+def test_a_finished_run_made_with_other_settings_is_refused_not_reused(tmp_path, monkeypatch):
+    """A sweep with an override, under the name of an earlier sweep without it, would otherwise report the
+    earlier runs as its own: it stops and names the setting."""
+    from seal_mini.runio import write_yaml
+
+    def fake_run_placed(jobs, gpus, per_run=1):
+        outcomes = []
+        for job in jobs:
+            cfg = load_config(job.command[4], job.command[5:])
+            write_yaml(cfg.run_dir / "config.yaml", cfg.to_dict())  # what a pipeline run saves
+            write_json(cfg.run_dir / "eval" / "base.json", {"success": {"base": 0.1, "mean": 0.1}, "n_tasks": 8})
+            write_json(cfg.run_dir / "eval" / "adapter.json", {"success": {"base": 0.2, "mean": 0.2}, "n_tasks": 8})
+            outcomes.append(Outcome(job, [], 0, 12.0))
+        return outcomes
+
+    monkeypatch.setattr(sweep, "run_placed", fake_run_placed)
+    argv = ["recipes/cpu_learn.yaml", f"out_dir={tmp_path}", "--seeds", "1"]
+    assert sweep.main(argv) == 0
+    assert sweep.main(argv) == 0  # the same settings: the finished run is reused
+    with pytest.raises(ConfigError, match=r"interface.bare_share: 0.0 there, 0.5 here.*name=\.\.\."):
+        sweep.main([*argv, "interface.bare_share=0.5"])
+    assert sweep.main([*argv, "interface.bare_share=0.5", "name=bare"]) == 0

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from seal_mini.config import ConfigError, load_config
+from seal_mini.config import ConfigError, changed_settings, load_config, saved_config
 from seal_mini.core.interface import active_cues
 from seal_mini.labels import FAILURE_LABELS, LABELS
 from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
@@ -362,6 +362,15 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
             overrides = [*args.overrides, *extra, f"seed={seed}", f"name={name}", f"out_dir={sweep_dir}"]
             runs.append((variant, seed, name, load_config(args.recipe, overrides), overrides))
             check_suites(runs[-1][3], imports=False)  # an unknown ood.suites name fails now, not inside a run
+    for _, _, _, cfg, _ in runs:  # a finished run counts as done only if it was made with these settings
+        if (cfg.run_dir / "eval" / "adapter.json").exists() and (cfg.run_dir / "config.yaml").exists():
+            _, other = changed_settings(saved_config(cfg.run_dir), cfg)
+            if other:
+                changes = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in other.items())
+                raise ConfigError(
+                    f"sweep: {cfg.run_dir} is a finished run made with other settings ({changes}); give this "
+                    "sweep a name of its own (name=...) or move that run away"
+                )
     todo = [r for r in runs if not (r[3].run_dir / "eval" / "adapter.json").exists()]
     jobs = [
         (cfg, Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log")))
