@@ -269,7 +269,14 @@ ENTRIES: tuple[Label, ...] = (
             order=2,
             raises=("guessed_value_call",),
         ),
-        faults=(Fault("no_call_answer", "a final answer without a call where one is needed", demonstrable=True),),
+        faults=(
+            Fault("no_call_answer", "a final answer without a call where one is needed", demonstrable=True),
+            Fault(
+                "hesitant_start",
+                "the first turn that needs a call answered without it, the later turns as they should be",
+                demonstrable=True,
+            ),
+        ),
     ),
     Label(
         "response_mismatch",

@@ -386,6 +386,21 @@ def test_episode_draws_make_a_fault_a_tendency_of_the_whole_demonstration():
     assert any(len(set(k)) > 1 for k in per_turn)  # drawn per turn, a demonstration mixes both
 
 
+def test_a_hesitant_start_answers_only_the_first_turn_that_needs_a_call_without_it():
+    """hesitant_start: the first turn whose ground truth makes a call is answered without one; every other
+    turn is the ground truth's, so the demonstration still shows how the task is done."""
+    tasks = [practice.task(practice.task_id(0, "train", c, i)) for c in ("base", "miss_param") for i in range(60)]
+    hesitant = 0
+    for task in tasks:
+        turns, kinds = demo_turns(task, {"hesitant_start": 0.5}, random.Random(task.id), per_episode=True)
+        first = next(i for i, calls in enumerate(task.ground_truth) if calls)
+        assert all(k == "" for i, k in enumerate(kinds) if i != first), (task.id, kinds)
+        if kinds[first]:
+            hesitant += 1
+            assert kinds[first] == "hesitant_start" and "<tool_call>" not in "".join(turns[first])
+    assert 40 < hesitant < 80  # 60 expected; sd 5.5
+
+
 def test_a_cue_shown_lowers_its_fault_in_a_warm_start_built_at_c_above_0_and_not_at_c_0(tmp_path):
     """The property sft.cue_compliance gives the practice backbone, on small warm starts built from scratch by
     the kit's own demonstrations and training: 75 math tasks, each demonstrated twice from one fault stream

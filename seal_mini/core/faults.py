@@ -323,6 +323,11 @@ def _no_call(task, p, turn, rng):
     return ([], "answered without a call") if p[turn] else None
 
 
+def _hesitant(task, p, turn, rng):
+    first = next((i for i, calls in enumerate(p) if calls), None)
+    return ([], "the first request that needs a call answered without it") if turn == first else None
+
+
 def _call_outcome(methods: dict, name: str, arguments: dict) -> tuple[str, bool]:
     """(output as BFCL records it, whether the call failed) of one call run directly on a back end."""
     try:
@@ -475,6 +480,7 @@ BUILDERS = {
     "guessed_value_call": _guessed,
     "skipped_precondition": _skipped_precondition,
     "no_call_answer": _no_call,
+    "hesitant_start": _hesitant,
     "unrepaired_error": _failing,
     "other_instance_call": _other_instance,
     "one_line_call": _written("one_line"),

@@ -56,7 +56,14 @@ EFFECT_KINDS = (
     "other_instance_call",
 )
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
-BY_CONSTRUCTION = ("spurious_call", "guessed_value_call", "no_call_answer", "wrong_argument_type", "out_of_enum_value")
+BY_CONSTRUCTION = (
+    "spurious_call",
+    "guessed_value_call",
+    "no_call_answer",
+    "hesitant_start",
+    "wrong_argument_type",
+    "out_of_enum_value",
+)
 """Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
 no call where one is, a call outside the schema that ran anyway."""
 CHECKER_ERROR = {
