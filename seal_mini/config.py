@@ -448,7 +448,8 @@ class SftConfig:
     demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
     model that answers without calling tends to do so through a whole conversation. The first decision of
     an episode then settles most of it, so a group's episodes differ more, and greedy decoding takes the
-    majority's way."""
+    majority's way. task: drawn as in episode, but spread over a task's demonstrations (each kind in its
+    share of them, rounded), so no task's tendency is learned as all-or-nothing from its own few."""
     cue_compliance: float = 0.0
     """c, how far the backbone follows the interface's cues, as a property of the warm start: in a demonstration
     shown cues, a fault whose label a shown cue addresses is (1 - c) times as likely, a fault a shown
@@ -484,6 +485,7 @@ class SftConfig:
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
         _check(self.tasks_per_category >= 0, f"{key}.tasks_per_category", "must be >= 0 (0 = the training split)")
         _check(self.demos_per_task > 0, f"{key}.demos_per_task", "must be > 0")
+        _one_of(self.fault_draw, ("turn", "episode", "task"), f"{key}.fault_draw")
         _check(0.0 <= self.cue_share <= 1.0, f"{key}.cue_share", "must be a share in [0, 1]")
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"

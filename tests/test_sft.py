@@ -260,6 +260,8 @@ def test_missing_warm_start_and_bad_faults_are_config_errors(tmp_path):
         practice_cfg(tmp_path, "sft.faults={typo: 0.5}")
     with pytest.raises(ConfigError, match="sft.faults.spurious_call: must be a share"):
         practice_cfg(tmp_path, "sft.faults={spurious_call: 1.5}")
+    with pytest.raises(ConfigError, match="sft.fault_draw: must be turn, episode or task, not 'tasks'"):
+        practice_cfg(tmp_path, "sft.fault_draw=tasks")
     assert warm_start_dir(cfg) == tmp_path / "run" / "warm_start"
 
 
@@ -384,6 +386,30 @@ def test_episode_draws_make_a_fault_a_tendency_of_the_whole_demonstration():
     assert 70 < lazy < 130  # 100 expected; sd 7
     per_turn = [demo_turns(t, {"no_call_answer": 0.5}, random.Random(t.id))[1] for t in tasks]
     assert any(len(set(k)) > 1 for k in per_turn)  # drawn per turn, a demonstration mixes both
+
+
+def test_task_draws_spread_a_fault_over_a_tasks_demonstrations():
+    """sft.fault_draw: task: a kind of share 1/2 shows in exactly 2 of a task's 4 demonstrations (drawn per
+    episode alone, some tasks show it in none or all); a share of 0.3 over 3 in 0 or 1 of them, 0.9 on
+    average."""
+    tasks = [practice.task(practice.task_id(0, "train", "base", i)) for i in range(100)]
+    counts = {}
+    for share, n in ((0.5, 4), (0.3, 3)):
+        for spread in (True, False):
+            per_task = []
+            for task in tasks:
+                shown = 0
+                for k in range(n):
+                    draws = sft.task_draws(task.id, ["hesitant_start"], k, n) if spread else None
+                    rng = random.Random(f"{task.id}:{k}")
+                    _, kinds = demo_turns(task, {"hesitant_start": share}, rng, per_episode=True, draws=draws)
+                    shown += "hesitant_start" in kinds
+                per_task.append(shown)
+            counts[share, spread] = Counter(per_task)
+    assert set(counts[0.5, True]) == {2}
+    assert counts[0.5, False][0] + counts[0.5, False][4] > 3  # 12.5 expected
+    assert set(counts[0.3, True]) <= {0, 1} and 80 <= counts[0.3, True][1] <= 98  # 90 expected
+    assert counts[0.3, False][2] + counts[0.3, False][3] > 5  # 21.6 expected
 
 
 def test_a_hesitant_start_answers_only_the_first_turn_that_needs_a_call_without_it():

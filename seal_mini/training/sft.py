@@ -100,16 +100,21 @@ def demo_turns(
     compliance: float = 0.0,
     per_episode: bool = False,
     side_effect: float = SftConfig.cue_side_effect,
+    draws: dict[str, float] | None = None,
 ) -> tuple[list[list[str]], list[str]]:
     """Assistant messages per turn, and the fault kind of each turn ("" where none): the ground truth,
     except where a fault kind that can be made at a turn is drawn (first kind in sft.faults order), with
     the shares the cues shown give (cue_shares). per_episode (sft.fault_draw: episode): each kind is drawn
-    once for the whole demonstration, then shown wherever it can be made. With error feedback shown, a
+    once for the whole demonstration, then shown wherever it can be made; `draws` gives those draws' uniform
+    numbers (sft.fault_draw: task, task_draws) instead of rng. With error feedback shown, a
     drawn fault that leaves an error unrepaired is shown repaired instead with probability c
     (labels.Fault.repaired_as)."""
     p = plan(task)
     shares = cue_shares(faults, cues, compliance, side_effect)
-    traits = {kind: rng.random() < share for kind, share in shares.items()} if per_episode else None
+    if per_episode:
+        traits = {kind: (draws[kind] if draws else rng.random()) < share for kind, share in shares.items()}
+    else:
+        traits = None
     repairs = cues is not None and cues.error_feedback and compliance > 0
     messages, kinds = [], []
     for turn, calls in enumerate(p):
@@ -128,6 +133,18 @@ def demo_turns(
         messages.append(turn_messages(blocks, final=final))
         kinds.append(kind)
     return messages, kinds
+
+
+def task_draws(key: str, kinds, k: int, n: int) -> dict[str, float]:
+    """The uniform numbers of the k-th of a task's n demonstrations, one per fault kind, spread over the n
+    (stratified): a kind of share s is drawn in s x n of them, rounded up or down, never in all or none by
+    chance, so a task's own demonstrations do not make its tendency all-or-nothing."""
+    draws = {}
+    for kind in kinds:
+        rng = random.Random(f"{key}:{kind}")
+        order = rng.sample(range(n), n)
+        draws[kind] = (order[k] + rng.random()) / n
+    return draws
 
 
 @dataclass
@@ -191,9 +208,12 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
             # the cues, and cue_share changes only the texts shown
             cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
             cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
-            episode = cfg.sft.fault_draw == "episode"
+            episode = cfg.sft.fault_draw in ("episode", "task")
+            draws = None
+            if cfg.sft.fault_draw == "task":
+                draws = task_draws(f"sft-draws:{cfg.seed}:{task.id}", cfg.sft.faults, k, cfg.sft.demos_per_task)
             turns, kinds = demo_turns(
-                task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode, cfg.sft.cue_side_effect
+                task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode, cfg.sft.cue_side_effect, draws
             )
             env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
