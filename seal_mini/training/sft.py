@@ -137,8 +137,9 @@ def demo_turns(
 
 def task_draws(key: str, kinds, k: int, n: int) -> dict[str, float]:
     """The uniform numbers of the k-th of a task's n demonstrations, one per fault kind, spread over the n
-    (stratified): a kind of share s is drawn in s x n of them, rounded up or down, never in all or none by
-    chance, so a task's own demonstrations do not make its tendency all-or-nothing."""
+    (stratified): a kind of share s is drawn in s x n of them, rounded up or down, where independent draws
+    may give any number from none to all, so a task's own demonstrations do not make its tendency
+    all-or-nothing."""
     draws = {}
     for kind in kinds:
         rng = random.Random(f"{key}:{kind}")
