@@ -1,16 +1,29 @@
+import copy
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from seal_mini.core.diagnose import DIAGNOSIS_RAISED, diagnose
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
-from seal_mini.envs.episode import EPISODE_LIMIT, NO_CALL, NOT_REACHED, TRUNCATED, TURN_LIMIT, Episode, state_of
-from seal_mini.envs.harness import INSTANCE_PREFIX, REFUSED_CALL
+from seal_mini.envs.episode import (
+    EPISODE_LIMIT,
+    NO_CALL,
+    NOT_REACHED,
+    TRUNCATED,
+    TURN_LIMIT,
+    Episode,
+    new_instances,
+    public_methods,
+    state_of,
+)
+from seal_mini.envs.harness import CHECKER_MODEL, INSTANCE_PREFIX, REFUSED_CALL, checker_input_for, instance_name
 from seal_mini.envs.scripted import ground_truth_turns, replay, scripted_messages
 from seal_mini.envs.toolcalls import MAX_CALL_CHARS, format_call
-from seal_mini.envs.verifier import check, check_episode
+from seal_mini.envs.verifier import CHECKER_RAISED, check, check_episode
 
 pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 
@@ -122,10 +135,12 @@ def test_every_decoded_call_runs_and_is_scored_as_bfcl_runs_it():
     assert r.observation[1]["content"] == "Error during execution: name 'no_such_tool' is not defined"
     assert "missing 1 required positional argument: 'dir_name'" in r.observation[2]["content"]
     assert "not a tool of this task" in r.observation[4]["content"]
+    # the checker gets the calls that ran as BFCL writes them, and a stand-in for the unknown name (which
+    # the checker could find defined) and the builtin: both fail there harmlessly, as they did here
     assert ep.checker_input()[0] == [
-        ["cd(folder='document')", "no_such_tool(x=1)", "mkdir()", "cd(folder='document',path='/etc')", REFUSED_CALL]
+        ["cd(folder='document')", REFUSED_CALL, "mkdir()", "cd(folder='document',path='/etc')", REFUSED_CALL]
     ]
-    check(task, ep.checker_input())  # everything recorded is safe for the checker's eval
+    assert "replaced_calls" not in check(task, ep.checker_input()).details  # recorded in the checker's form
 
 
 def test_a_message_bfcl_cannot_decode_ends_the_turn():
@@ -158,13 +173,117 @@ def test_a_call_on_a_turn_that_needs_none_is_not_failed():
     assert check_episode(episode).reward == 1.0
 
 
-def test_the_verifier_refuses_input_the_checker_must_not_eval():
+def test_the_verifier_gives_the_checker_no_call_but_a_tool_call_with_literal_values():
     task = TASKS["multi_turn_base_0"]
-    for unsafe in ["print(1)", "__import__('os').getcwd()", "cd(folder=__import__('os').sep)", "cd('document')"]:
-        with pytest.raises(ValueError, match="must not eval"):
-            check(task, [[[unsafe]]] + [[] for _ in task.turns[1:]])
-    # errors raised before anything runs are safe, as in BFCL
-    check(task, [[["cd(folder=inf)", "undefined_tool()", "cd(folder='a'"]]] + [[] for _ in task.turns[1:]])
+    rest = [[] for _ in task.turns[1:]]
+    unsafe = ["print(1)", "__import__('os').getcwd()", "cd(folder=__import__('os').sep)", "cd('document')"]
+    for call in unsafe + ["cd(folder=inf)", "undefined_tool()", "cd(folder='a'", "os.kill(pid=1)"]:
+        verdict = check(task, [[[call]]] + rest)
+        assert verdict.reward == 0.0 and verdict.details["replaced_calls"] == 1, call
+    vetted, replaced = checker_input_for(task, [[["cd(folder='document')", "kill(x=1)", "a.b()"]]], CHECKER_MODEL)
+    assert vetted == [[["cd(folder='document')", "kill()", REFUSED_CALL]]] and replaced == 2
+
+
+# --- the checker's own instances, addressed from model text ----------------------------------------------
+
+
+def checker_instance(task, class_name, side="_ground_truth"):
+    """The global name of one of the checker's instances of a task (side "" is its model-side one)."""
+    return instance_name(f"{CHECKER_MODEL}{side}_eval", task.id, class_name)
+
+
+def forged_turns(task):
+    """A do-nothing episode that empties the checker's ground-truth instances in its first message, then
+    forges the outputs the ground truth gives on emptied instances ("'C' object has no attribute 'x'") by
+    reading that attribute of them. Against a checker that evals such names it passed 35 of the first 40
+    base tasks (an honest do-nothing episode: 0)."""
+    emptied = new_instances(task)
+    for instance in emptied.values():
+        vars(instance).clear()
+    methods = public_methods(emptied)
+    turns = []
+    for k, calls in enumerate(ground_truth_turns(task)):
+        forged = [(checker_instance(task, c) + ".__dict__.clear", {}) for c in task.involved_classes] if k == 0 else []
+        for name, arguments in calls:
+            try:
+                methods[name](**copy.deepcopy(arguments))
+            except AttributeError as e:
+                m = re.fullmatch(r"'(\w+)' object has no attribute '(\w+)'", str(e))
+                if m:
+                    forged.append((f"{checker_instance(task, m.group(1))}.{m.group(2)}", {}))
+            except Exception:  # noqa: BLE001 - an output this forge cannot copy
+                pass
+        turns.append(forged)
+    return turns
+
+
+def test_a_forged_episode_naming_the_checkers_instances_scores_nothing_on_any_base_task():
+    base = [t for t in TASKS.values() if t.category == "base"]
+    assert len(base) == 200
+    forged = 0
+    for task in base:
+        turns = forged_turns(task)
+        episode, reward = replay(task, turns)
+        assert reward == 0.0, task.id
+        # the same strings given to the checker directly, as if an input came from elsewhere
+        raw = [[[name + "()" for name, _ in calls]] if calls else [] for calls in turns]
+        verdict = check(task, raw)
+        assert verdict.reward == 0.0 and verdict.details.get("replaced_calls", 0) > 0, task.id
+        forged += sum(len(calls) > len(task.involved_classes) for calls in turns[:1])
+    assert forged > 100  # most tasks' forges copy outputs, so the 0.0s are not for want of trying
+
+
+def test_model_text_writes_no_builtin_or_module_global_through_the_checkers_instances():
+    import builtins
+    import importlib
+
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    for task in (TASKS["multi_turn_base_1"], TASKS["multi_turn_long_context_3"]):
+        for c in task.involved_classes:
+            module = importlib.import_module(CLASS_FILE_PATH_MAPPING[c])
+            writes = [
+                (f"{checker_instance(task, c)}.__init__.__builtins__.update", {"seal_mini_forged": 1}),
+                (f"{checker_instance(task, c)}._load_scenario.__globals__.update", {"seal_mini_forged": 1}),
+                (f"{checker_instance(task, c, '')}.__init__.__globals__.update", {"seal_mini_forged": 1}),
+                (f"{INSTANCE_PREFIX}_{task.id}_{c}_instance.__init__.__builtins__.update", {"seal_mini_forged": 1}),
+            ]
+            episode, _ = replay(task, [writes] + [[] for _ in task.turns[1:]])
+            diagnose(episode, check_episode(episode))
+            check(task, [[[f"{name}(seal_mini_forged=1)" for name, _ in writes]]] + [[] for _ in task.turns[1:]])
+            assert not hasattr(builtins, "seal_mini_forged") and "seal_mini_forged" not in vars(module)
+            assert episode.turns[0].steps == [[REFUSED_CALL] * len(writes)]
+
+
+def test_a_call_naming_the_checkers_model_side_instance_gets_a_verdict():
+    task = TASKS["multi_turn_base_1"]
+    name = checker_instance(task, task.involved_classes[0], "") + "._load_scenario"
+    episode, reward = replay(task, [[(name, {})]] + [[] for _ in task.turns[1:]])
+    assert reward == 0.0 and len(diagnose(episode, check_episode(episode))) == len(task.turns)
+
+
+def test_a_checker_or_diagnoser_that_raises_anyway_gives_a_verdict_and_labels(monkeypatch):
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker
+
+    from seal_mini.core import diagnose as diagnose_module
+
+    task = TASKS["multi_turn_base_1"]
+    episode, _ = replay(task, ground_truth_turns(task))
+
+    def broken(*args, **kwargs):
+        raise KeyError("a back end's bug")
+
+    monkeypatch.setattr(multi_turn_checker, "multi_turn_checker", broken)
+    monkeypatch.setattr(diagnose_module, "_walk", broken)
+    verdict = check_episode(episode)
+    assert (
+        verdict.reward == 0.0
+        and verdict.error_type == CHECKER_RAISED
+        and "KeyError" in verdict.details["error_message"]
+    )
+    labels = diagnose_module.diagnose_turns(episode, verdict)
+    assert [d.label for d in labels] == ["not_reached"] * len(task.turns)
+    assert all(d.reason.startswith(DIAGNOSIS_RAISED) for d in labels)
 
 
 def test_episode_limit_and_truncate():

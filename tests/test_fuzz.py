@@ -23,14 +23,15 @@ import tracemalloc
 import pytest
 
 from seal_mini.config import CATEGORIES, LABELS
-from seal_mini.core.diagnose import diagnose_turns
+from seal_mini.core.diagnose import DIAGNOSIS_RAISED, diagnose_turns
 from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState
 from seal_mini.envs import practice
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import CHECKER_MODEL, INSTANCE_PREFIX, checker_input_for, instance_name
 from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.envs.toolcalls import CallError, parse_tool_calls, validate_call
-from seal_mini.envs.verifier import check_episode
+from seal_mini.envs.verifier import CHECKER_RAISED, check_episode
 
 pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 
@@ -63,6 +64,11 @@ ODD_NAMES = [
     "print() or ls", "execute_multi_turn_func_call", "seal_mini_refused_call", "", " ", "ls ", "LS", "x" * 5000,
     "名前", "\u202e", "\ud800",
 ]  # fmt: skip
+CHAINS = [
+    "", ".__dict__.clear", ".__dict__.update", ".__init__.__builtins__.update", "._load_scenario",
+    "._load_scenario.__globals__.update", ".__class__", ".__setattr__", ".__init__", ".__dict__",
+]  # fmt: skip
+"""Attribute chains after an instance's global name: each writes or reads what no tool call may reach."""
 ODD_KEYS = ["a=1, b", "'workspace')#", "**kw", "", "__class__", "self", "x" * 300, "b=print()", "ключ", "\x00"]
 
 
@@ -123,15 +129,26 @@ def arguments(rng: random.Random, tool: dict | None) -> dict:
     return args
 
 
-def call_object(rng: random.Random, tools: dict, other_names: list[str]) -> dict:
+def instance_names(task) -> list[str]:
+    """The global names of every instance the episode and the checker create for a task (the checker's
+    model-side and ground-truth ones), under which BFCL's executor would find them."""
+    prefixes = (INSTANCE_PREFIX, f"{CHECKER_MODEL}_eval", f"{CHECKER_MODEL}_ground_truth_eval")
+    return [instance_name(p, task.id, c) for p in prefixes for c in task.involved_classes]
+
+
+def call_object(rng: random.Random, tools: dict, other_names: list[str], instances: list[str]) -> dict:
     roll = rng.random()
-    if roll < 0.7 and tools:
+    if roll < 0.65 and tools:
         name = rng.choice(sorted(tools))
-    elif roll < 0.85:
+    elif roll < 0.8:
         name = rng.choice(other_names or ["ls"])
+    elif roll < 0.9:
+        name = rng.choice(instances) + rng.choice(CHAINS + [f".{t}" for t in sorted(tools)[:3]])
     else:
         name = rng.choice(BUILTINS + ODD_NAMES)
     obj = {"name": name, "arguments": arguments(rng, tools.get(name))}
+    if "." in name and rng.random() < 0.5:
+        obj["arguments"] = {"seal_mini_fuzz": 1}  # what update() would write
     odd = rng.random()
     if odd < 0.05:
         obj["arguments"] = json.dumps(obj["arguments"])  # a JSON string: BFCL accepts it
@@ -162,11 +179,13 @@ def block(rng: random.Random, obj) -> str:
     )
 
 
-def message(rng: random.Random, tools: dict, other_names: list[str]) -> str | bytes:
-    """One assistant message: calls of the offered tools in many shapes, prose, noise, or format abuse."""
+def message(rng: random.Random, tools: dict, other_names: list[str], instances: list[str]) -> str | bytes:
+    """One assistant message: calls of the offered tools in many shapes, calls that name an instance,
+    prose, noise, or format abuse."""
     kind = rng.random()
     if kind < 0.55:
-        blocks = [block(rng, call_object(rng, tools, other_names)) for _ in range(rng.choice([1, 1, 1, 2, 3, 40]))]
+        count = rng.choice([1, 1, 1, 2, 3, 40])
+        blocks = [block(rng, call_object(rng, tools, other_names, instances)) for _ in range(count)]
         text = "\n".join(blocks)
     elif kind < 0.65:
         text = rng.choice(["Done.", "I cannot do that.", "", " ", "\n", "Which file do you mean?"])
@@ -201,6 +220,19 @@ def known_cases() -> list[str]:
     return [deep, deep_500, signs, "<tool_call>\n" * 8000, "<tool_call>\n{}</tool_call>" * 2000]
 
 
+def instance_cases(task) -> list[str]:
+    """One message per instance of the task: every chain after its name (the calls that reached the checker
+    before: a forged verdict, a builtin written, a crash)."""
+    return [
+        "\n".join(block_of(name + chain, {"seal_mini_fuzz": 1} if "update" in chain else {}) for chain in CHAINS)
+        for name in instance_names(task)
+    ]
+
+
+def block_of(name: str, args: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
 # --- the properties ------------------------------------------------------------------------------------
 
 
@@ -213,6 +245,10 @@ class Watch:
         sys.addaudithook(self.hook)  # hooks cannot be removed; this one is idle outside `watch`
 
     def hook(self, event: str, args) -> None:
+        if event == "open" and args[0] == "<string>":
+            # CPython's compiler reads the line of some syntax errors (a keyword repeated) from the file its
+            # code names; eval's code is "<string>" in BFCL too, and the error message carries that name
+            return
         if self.forbidden and event.startswith(self.forbidden):
             self.events.append(f"{event} {str(args)[:120]}")
 
@@ -230,6 +266,7 @@ class Watch:
 @pytest.fixture(scope="module")
 def watch():
     tasks = fuzz_tasks()
+    time.strptime("2024", "%Y")  # back ends parse dates: its module is imported lazily, once
     for task in tasks:  # every lazy import, compiled BFCL function and cached reference before the audit starts
         episode = Episode(task)
         play(episode, POLICIES["ground_truth"](task))
@@ -253,15 +290,29 @@ def score(env):
     return verdict, diagnose_turns(env, verdict)
 
 
+def globals_seen(tasks) -> dict[str, dict]:
+    """Builtins and every back-end module's globals, by identity: what a call that reached them could write."""
+    import builtins
+    import importlib
+
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    classes = {c for task in tasks for c in task.involved_classes}
+    modules = {"builtins": builtins} | {c: importlib.import_module(CLASS_FILE_PATH_MAPPING[c]) for c in classes}
+    return {name: {k: id(v) for k, v in vars(m).items()} for name, m in modules.items()}
+
+
 def test_no_message_breaks_a_step_the_checker_or_the_diagnoser(watch):
     audit, tasks = watch
     audit.run(FORBIDDEN, open, os.devnull)[0].close()
     assert audit.events and audit.events.pop().startswith("open"), "the audit hook sees nothing"
     audit.events.clear()
     rng = random.Random(SEED)
-    todo = known_cases() + [None] * MESSAGES  # None: a random message
+    # first every instance of every task addressed by name (an episode each), then the known and random cases
+    plan = [(task, instance_cases(task)) for task in tasks] + [(None, known_cases() + [None] * MESSAGES)]
     stats = {"messages": 0, "episodes": 0, "exceptions": [], "slowest": (0.0, ""), "largest": (0, "")}
     problems = []
+    seen = globals_seen(tasks)
 
     def note(what: str, text, seconds: float, grown: int) -> None:
         shown = repr(text[:120]) + (f"... ({len(text)} chars)" if len(text) > 120 else "")
@@ -272,50 +323,61 @@ def test_no_message_breaks_a_step_the_checker_or_the_diagnoser(watch):
         if audit.events:
             problems.append(f"{what}: {audit.events[:3]} on {shown}")
             audit.events.clear()
+        if globals_seen(tasks) != seen:
+            problems.append(f"{what}: a builtin or a back-end module's global changed, on {shown}")
 
-    while todo:
-        task = tasks[stats["episodes"] % len(tasks)]
-        env = wrapped(task, rng)
-        env.reset()
-        stats["episodes"] += 1
-        last, broke = "", False
-        for _ in range(MESSAGES_PER_EPISODE):
-            if not todo or env.done:
-                break
-            text = todo.pop(0)
-            if text is None:
-                names = [m for m in env.methods if m not in env.offered]  # tools of the task not offered
-                text = message(rng, env.offered, names)
-            stats["messages"] += 1
-            last = text
-            what = f"step ({task.id}, seed {SEED}, message {stats['messages']})"
+    for fixed, todo in plan:
+        while todo:
+            task = fixed or tasks[stats["episodes"] % len(tasks)]
+            env = Episode(task) if fixed else wrapped(task, rng)
+            env.reset()
+            stats["episodes"] += 1
+            last, broke = "", False
+            for _ in range(MESSAGES_PER_EPISODE):
+                if not todo or env.done:
+                    break
+                text = todo.pop(0)
+                if text is None:
+                    names = [m for m in env.methods if m not in env.offered]  # tools of the task not offered
+                    text = message(rng, env.offered, names, instance_names(task))
+                stats["messages"] += 1
+                last = text
+                what = f"step ({task.id}, seed {SEED}, message {stats['messages']})"
+                try:
+                    result, seconds, grown = audit.run(FORBIDDEN, env.step, text)
+                    parsed, _, _ = audit.run(FORBIDDEN, parse_tool_calls, text)
+                    for item in parsed:
+                        if not isinstance(item, CallError):
+                            validate_call(item, env.offered, env.later)
+                except Exception as e:  # noqa: BLE001 - counted and reported below
+                    stats["exceptions"].append(f"{what}: {type(e).__name__}: {str(e)[:100]}")
+                    broke = True
+                    break
+                note(what, text if isinstance(text, str) else text.decode("utf-8", "replace"), seconds, grown)
+                ran = [e for e in result.events if e.call is not None and e.error_kind is None]
+                outside = [e.name for e in ran if e.name not in env.methods]
+                assert not outside, f"{what}: ran {outside}, which is no public method of the task's back ends"
+            if broke:
+                continue
+            if not env.done:
+                env.truncate()
+            what = f"check and diagnosis ({task.id}, seed {SEED}, after message {stats['messages']})"
+            # what the episode recorded for the checker is what the checker's own vetting lets through: the
+            # refusal is one refusal in the episode, the checker and the diagnoser's replay
+            _, replaced = checker_input_for(task, env.checker_input(), CHECKER_MODEL)
+            if replaced:
+                problems.append(f"{what}: {replaced} recorded calls are not in the checker's form")
             try:
-                result, seconds, grown = audit.run(FORBIDDEN, env.step, text)
-                parsed, _, _ = audit.run(FORBIDDEN, parse_tool_calls, text)
-                for item in parsed:
-                    if not isinstance(item, CallError):
-                        validate_call(item, env.offered, env.later)
-            except Exception as e:  # noqa: BLE001 - counted and reported below
+                (verdict, labels), seconds, grown = audit.run(CHECK_FORBIDDEN, score, env)
+            except Exception as e:  # noqa: BLE001
                 stats["exceptions"].append(f"{what}: {type(e).__name__}: {str(e)[:100]}")
-                broke = True
-                break
-            note(what, text if isinstance(text, str) else text.decode("utf-8", "replace"), seconds, grown)
-            ran = [e for e in result.events if e.call is not None and e.error_kind is None]
-            outside = [e.name for e in ran if e.name not in env.methods]
-            assert not outside, f"{what}: ran {outside}, which is no public method of the task's back ends"
-        if broke:
-            continue
-        if not env.done:
-            env.truncate()
-        what = f"check and diagnosis ({task.id}, seed {SEED}, after message {stats['messages']})"
-        try:
-            (verdict, labels), seconds, grown = audit.run(CHECK_FORBIDDEN, score, env)
-        except Exception as e:  # noqa: BLE001
-            stats["exceptions"].append(f"{what}: {type(e).__name__}: {str(e)[:100]}")
-            continue
-        note(what, last if isinstance(last, str) else "(bytes)", seconds, grown)
-        assert verdict.reward in (0.0, 1.0) and len(labels) == len(task.turns), what
-        assert all(d.label in LABELS for d in labels), what
+                continue
+            note(what, last if isinstance(last, str) else "(bytes)", seconds, grown)
+            assert verdict.reward in (0.0, 1.0) and len(labels) == len(task.turns), what
+            assert all(d.label in LABELS for d in labels), what
+            assert verdict.error_type != CHECKER_RAISED and not any(
+                d.reason.startswith(DIAGNOSIS_RAISED) for d in labels
+            )
 
     print(
         f"\n[fuzz] seed {SEED}: {stats['messages']} messages over {stats['episodes']} episodes of {len(tasks)} tasks; "

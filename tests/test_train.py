@@ -364,3 +364,23 @@ def test_bare_share_plays_that_share_of_each_steps_groups_without_the_interface(
     plain = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=plain", "train.steps=1"])
     train_module.train(plain)
     assert "bare_tasks" not in read_json(plain.run_dir / "rounds" / "step_0000.json")
+
+
+def test_a_checker_and_a_diagnoser_that_raise_cost_their_episodes_not_the_run(tmp_path, monkeypatch):
+    """Scoring never ends a run: each episode whose check raises fails, each whose diagnosis raises is
+    labelled not_reached, the metrics count both, and the run trains on."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker
+
+    from seal_mini.core import diagnose as diagnose_module
+
+    def broken(*args, **kwargs):
+        raise KeyError("a back end's bug")
+
+    monkeypatch.setattr(multi_turn_checker, "multi_turn_checker", broken)
+    monkeypatch.setattr(diagnose_module, "_walk", broken)
+    cfg = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=raising", "train.steps=2"])
+    train_module.train(cfg)
+    rows = read_metrics(cfg.run_dir)
+    assert [r["charts/checker_raised"] for r in rows] == [4, 4]
+    assert [r["charts/diagnosis_raised"] for r in rows] == [4, 4]
+    assert all(r["charts/reward"] == 0.0 for r in rows)

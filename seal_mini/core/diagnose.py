@@ -73,6 +73,9 @@ CHECKER_ERROR_LABELS = {
 }
 require_labels(CHECKER_ERROR_LABELS.values(), "diagnose.CHECKER_ERROR_LABELS")
 
+DIAGNOSIS_RAISED = "the diagnoser raised"
+"""How the reason of a turn starts when diagnosing its episode raised (see diagnose_turns)."""
+
 REFERENCE_CACHE_SIZE = 512
 """Tasks whose ground-truth reference is kept: the 400 training tasks fit, so over a run each task's
 reference is built once (all 800 take about 30 MB)."""
@@ -527,8 +530,16 @@ def diagnose_turns(episode, verdict=None, judge=None) -> list[TurnDiagnosis]:
     `verdict` (seal_mini.envs.verifier.Verdict) is optional evidence: if the official checker failed the
     episode and no rule found a failing turn, the turn the checker names takes the checker's error type
     (BFCL's state-mismatch message names no turn; then nothing changes). In diagnose-check's sample no
-    failed episode went without a failing turn. `judge` (seal_mini.core.judge.LabelJudge) fills `detail`."""
-    walked = _walk(episode)
+    failed episode went without a failing turn. `judge` (seal_mini.core.judge.LabelJudge) fills `detail`.
+
+    Diagnosis never ends a run: if the rules raise anyway, every turn is not_reached (neutral in rho and
+    in the profile) with DIAGNOSIS_RAISED and the error as its reason, which metrics count."""
+    try:
+        walked = _walk(episode)
+    except Exception as e:  # noqa: BLE001 - a back end's bug must not cost the run
+        reason = f"{DIAGNOSIS_RAISED}: {type(e).__name__}: {str(e)[:200]}"
+        print(f"[diagnose] warning: {episode.task.id}: {reason}; its turns are labelled not_reached")
+        return [TurnDiagnosis(k, "not_reached", reason) for k in range(len(episode.task.turns))]
     evidences = [ev for ev, _, _ in walked]
     out = [TurnDiagnosis(k, z, reason, ambiguous=z == "state_mismatch") for k, (_, z, reason) in enumerate(walked)]
     if verdict is not None and verdict.reward == 0.0:

@@ -28,9 +28,11 @@ shapes whose effect eval would have too:
   - `<instance>.<public method>(key=<literal>, ...)`: the bound method gets those values;
   - a call whose name is defined nowhere (a tool of another back end, an invented one): eval stops
     with a NameError before anything runs, and so does this (same message).
-Everything else (a Python builtin, a module's attribute, an expression in an argument, positional
-arguments: code in a name or an argument key) is refused: nothing runs, the output says so, and the
-checker is given `REFUSED_CALL`, which fails the same harmless way. A number is a number, however large
+Everything else (a Python builtin, a module's attribute, an instance's name or an attribute chain, an
+expression in an argument, positional arguments: code in a name or an argument key) is refused: nothing
+runs and the output says so. The checker is given only what cannot reach anything but a tool
+(`for_checker`): a call that ran, or `REFUSED_CALL`, which fails the same harmless way; the verifier puts
+every input through the same function again under the checker's own instance names. A number is a number, however large
 (JSON gives Python ints of up to 4,300 digits, and BFCL runs them); only calls that would keep the
 process busy for hours are refused (`GUARDS`). README lists what these refusals change.
 
@@ -370,10 +372,15 @@ class Plan:
 
 
 def _defined(name: str, owners: dict[str, str]) -> bool:
-    """Whether a bare name means something where BFCL's executor evals: its module, builtins, instances."""
+    """Whether a bare name means something where BFCL's executor evals: its module, builtins, the
+    instances of `owners`. Other instances come and go in that module while checks run (the checker's
+    are placed there for the length of one check), so no name ending in `_instance` counts unless it is
+    one of `owners`': what a name means never depends on what else the process ran."""
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-    return hasattr(builtins, name) or name in vars(multi_turn_utils) or name in owners.values()
+    if name in owners.values():
+        return True
+    return hasattr(builtins, name) or (name in vars(multi_turn_utils) and not name.endswith("_instance"))
 
 
 def _literal(node: ast.AST, owners: dict[str, str]):
@@ -468,6 +475,22 @@ def format_output(result) -> str:
     return str(result)
 
 
+def for_checker(call: str, plan: Plan) -> str:
+    """The string the checker is given for a decoded call with this plan: the call itself when it runs a
+    public method of the task's back ends with literal values (its name is then a bare tool name), the
+    name alone when BFCL's executor refuses that name before eval (`kill()`: the same refusal there), and
+    REFUSED_CALL for everything else. So no model text but a tool call with literal values ever reaches
+    the checker's eval: not an instance name, an attribute chain, a builtin, nor an unknown name (which
+    the checker could find defined, since its own instances sit in the module it evals in). A verdict
+    cannot change by it: the checker compares the ground truth's outputs and state, and no ground-truth
+    call ends in a NameError, a syntax error or a refusal."""
+    if plan.kind == "call":
+        return call
+    if plan.kind == "error" and plan.name in BLOCKED_NAMES:
+        return f"{plan.name}()"
+    return REFUSED_CALL
+
+
 @dataclass
 class Outcome:
     """What running one decoded call did."""
@@ -476,7 +499,7 @@ class Outcome:
     output: str
     """The execution result BFCL records (and shows the model)."""
     checker_call: str
-    """The string the checker gets for this call: the decoded call, or REFUSED_CALL."""
+    """The string the checker gets for this call (`for_checker`): the decoded call, or a stand-in."""
     result: Any = None
     """The back end's return value (kind call, if it returned)."""
     raised: Exception | None = None
@@ -489,10 +512,8 @@ def run_call(call: str, scope: dict[str, object], owners: dict[str, str]) -> Out
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import _process_method_calls
 
     plan = plan_call(_process_method_calls(call, owners), owners)
-    if plan.kind == "refused":
-        return Outcome(plan, f"Error during execution: {plan.error}", REFUSED_CALL)
-    if plan.kind == "error":
-        return Outcome(plan, f"Error during execution: {plan.error}", call)
+    if plan.kind != "call":
+        return Outcome(plan, f"Error during execution: {plan.error}", for_checker(call, plan))
     method = getattr(scope[plan.owner], plan.name)
     try:
         # fresh values: a back end keeps (and may later grow) the lists it is given
@@ -508,20 +529,22 @@ def _class_methods(class_name: str) -> tuple[str, ...]:
     return public_method_names(bfcl_class(class_name)())
 
 
-def unsafe_calls(task, checker_input: list[list[list[str]]], model_name: str) -> list[str]:
-    """Calls of a checker input that BFCL's checker, run under `model_name`, would evaluate into
-    something other than a public method of the task's back ends with literal values, or an error
-    raised before anything runs. The verifier refuses to score an input that has any."""
+def checker_input_for(task, checker_input: list[list[list[str]]], model_name: str) -> tuple[list, int]:
+    """(the checker input with every call put through `for_checker` under `model_name`'s instance names,
+    how many calls that changed). The episode records calls in that form already, so the count is 0
+    unless an input came from elsewhere; either way the checker evals nothing else."""
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_utils import _process_method_calls
 
     owners = {}
     for class_name in task.involved_classes:
         owner = instance_name(f"{model_name}_eval", task.id, class_name)
         owners.update(dict.fromkeys(_class_methods(class_name), owner))
-    return [
-        call
-        for turn in checker_input
-        for step in turn
-        for call in step
-        if plan_call(_process_method_calls(call, owners), owners).kind == "refused"
-    ]
+    changed = 0
+    out = []
+    for turn in checker_input:
+        out.append([])
+        for step in turn:
+            vetted = [for_checker(call, plan_call(_process_method_calls(call, owners), owners)) for call in step]
+            changed += sum(a != b for a, b in zip(step, vetted, strict=True))
+            out[-1].append(vetted)
+    return out, changed

@@ -8,9 +8,11 @@ call on a turn whose ground truth makes none is executed and not failed.) The ep
 that decoded input already (seal_mini.envs.episode), so the checker sees what BFCL's scorer would give it.
 
 The checker re-executes the model's calls and the ground truth turn by turn on fresh instances and
-compares state and outputs. It evaluates call strings with eval(): every string is checked first
-(seal_mini.envs.harness.unsafe_calls) to run only a public method of the task's back ends with literal
-values, or to stop with an error before anything runs; an input holding anything else is refused.
+compares state and outputs. It evaluates call strings with eval(): every string is put through
+seal_mini.envs.harness.checker_input_for first, so it gets only calls of public methods of the task's back
+ends with literal values, and a stand-in that fails harmlessly for anything else (an instance's name, an
+attribute chain, a builtin, code). If the checker raises all the same, the episode fails with
+CHECKER_RAISED and the reason in its details; the run goes on.
 
 The checker runs under the model name BFCL's scorer uses for the kit's model (harness.CHECKER_MODEL), so
 its instance names, which it writes into string arguments that mention a method, are BFCL's: a verdict
@@ -26,6 +28,10 @@ import re
 from dataclasses import dataclass, field
 
 from seal_mini.envs.bfcl import Task
+
+CHECKER_RAISED = "seal_mini:checker_raised"
+"""The error type of a verdict whose check raised (a back end's bug, not anything model text can cause):
+the episode fails and the run goes on; metrics count such verdicts (charts/checker_raised)."""
 
 
 @dataclass
@@ -54,13 +60,11 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
     from seal_mini.envs.episode import new_instances
-    from seal_mini.envs.harness import CHECKER_MODEL, fresh_class, instance_name, unsafe_calls
+    from seal_mini.envs.harness import CHECKER_MODEL, checker_input_for, fresh_class, instance_name
 
     if forced_quit:  # eval_runner: fewer turns than the ground truth means the inference was force-quit
         return Verdict(0.0, "multi_turn:force_terminated", len(checker_input) - 1, {})
-    unsafe = unsafe_calls(task, checker_input, CHECKER_MODEL)
-    if unsafe:
-        raise ValueError(f"checker input for {task.id} holds calls the checker must not eval: {unsafe[:3]}")
+    checker_input, replaced = checker_input_for(task, checker_input, CHECKER_MODEL)
     entry = {"id": task.id, "initial_config": task.initial_config, "involved_classes": task.involved_classes}
     cache = vars(multi_turn_utils)
     classes = {c: fresh_class(c) for c in task.involved_classes}
@@ -71,13 +75,17 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     cache.update(placed)
     try:
         result = multi_turn_checker(checker_input, task.ground_truth, entry, task.id.rsplit("_", 1)[0], CHECKER_MODEL)
+    except Exception as e:  # noqa: BLE001 - a verdict all the same: scoring never ends a run
+        reason = f"{type(e).__name__}: {str(e)[:300]}"
+        print(f"[verifier] warning: the checker raised on {task.id} ({reason}); the episode fails")
+        return Verdict(0.0, CHECKER_RAISED, None, {"error_message": reason})
     finally:
         for key in placed:
             cache.pop(key, None)
     if result["valid"]:
-        return Verdict(1.0)
+        return Verdict(1.0, details={"replaced_calls": replaced} if replaced else {})
     message = result.get("error_message", "")
-    details = {"error_message": message}
+    details = {"error_message": message, **({"replaced_calls": replaced} if replaced else {})}
     if "details" in result and "differences" in result["details"]:
         # States can be huge (long_context file systems): keep a readable excerpt of each difference.
         details["differences"] = {k: repr(v)[:500] for k, v in result["details"]["differences"].items()}

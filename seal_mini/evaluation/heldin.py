@@ -16,6 +16,7 @@ from seal_mini.config import CATEGORIES, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.verifier import CHECKER_RAISED
 from seal_mini.evaluation.agents import eval_identity, play_in_pieces
 from seal_mini.runio import read_json, resume_pieces, write_json, write_jsonl_gz
 
@@ -81,6 +82,7 @@ def evaluate(
         "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
         "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
         "label_counts": _label_counts(rows),
+        "checker_raised": sum(r["error_type"] == CHECKER_RAISED for r in rows),  # failed, the run went on
     }
     if is_main():
         write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)

@@ -46,7 +46,15 @@ from types import SimpleNamespace
 
 from seal_mini.config import CATEGORIES, ConfigError, nonnegative
 from seal_mini.envs.bfcl import V3_CLASSES, Task, foreign_tool_names, load_tasks, to_chat_tool
-from seal_mini.envs.harness import BFCL_MODEL, CHECKER_MODEL, GUARDS, INSTANCE_PREFIX, bfcl_class, first_defaults
+from seal_mini.envs.harness import (
+    BFCL_MODEL,
+    CHECKER_MODEL,
+    GUARDS,
+    INSTANCE_PREFIX,
+    bfcl_class,
+    first_defaults,
+    instance_name,
+)
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import format_call
 
@@ -556,6 +564,29 @@ def _code_in_key(call, task, rng):
     return name, {key: 0}
 
 
+def _owner_class(task: Task, name: str) -> str:
+    return next(c for c in task.involved_classes if hasattr(bfcl_class(c), name))
+
+
+def _through_own_instance(call, task, rng):
+    """A tool called through its instance's global name: BFCL's eval finds no such attribute on the
+    instance (an AttributeError); the kit refuses an instance's name."""
+    name, args = call
+    return f"{instance_name(INSTANCE_PREFIX, task.id, _owner_class(task, name))}.{name}", args
+
+
+def _checker_instance(task, gt, rng):
+    """A read-only attribute chain on the checker's ground-truth instance, added to a later turn: undefined
+    while BFCL's loop plays (a NameError on both sides), defined when its scorer evals it there (a string
+    comes back); the kit's checker gets a stand-in, and the verdict is the same."""
+    options = [k for k in _turns_with(gt) if k > 0]
+    if not options:
+        return None
+    k = rng.choice(options)
+    target = instance_name(f"{CHECKER_MODEL}_ground_truth_eval", task.id, rng.choice(task.involved_classes))
+    return _script(gt, k, [_message([(f"{target}.__class__.__name__.upper", {})] + list(gt[k]))])
+
+
 COSTLY_CALLS = (
     ("power", {"base": 3, "exponent": 2**20 + 1}),
     ("logarithm", {"value": 10, "base": 2, "precision": 10_001}),
@@ -666,8 +697,10 @@ PERTURBATIONS: dict[str, Callable] = {
     "costly_math_call": _costly,
     "code_in_name": _edit_call(_code_in_name),
     "code_in_key": _edit_call(_code_in_key),
+    "call_through_instance_name": _edit_call(_through_own_instance),
+    "checker_instance_attribute": _checker_instance,
 }
-REFUSAL_KINDS = ("python_builtin", "costly_math_call", "code_in_name", "code_in_key")
+REFUSAL_KINDS = ("python_builtin", "costly_math_call", "code_in_name", "code_in_key", "call_through_instance_name")
 """Kinds with a call the kit refuses on purpose (it never eval()s model text, and runs nothing that could
 keep it busy for hours): the refused call's output is the kit's own line, so prompts differ from the
 refusal on, and verdicts may differ; README counts them."""

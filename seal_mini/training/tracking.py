@@ -26,9 +26,11 @@ import shutil
 from pathlib import Path
 
 from seal_mini.config import Config, ConfigError
+from seal_mini.core.diagnose import DIAGNOSIS_RAISED
 from seal_mini.core.interface import active_cues
 from seal_mini.distributed import is_main
 from seal_mini.engine.policy import save_adapter
+from seal_mini.envs.verifier import CHECKER_RAISED
 from seal_mini.runio import (
     FileError,
     new_dir,
@@ -98,6 +100,9 @@ def metrics_row(
         "step": step,
         "charts/reward": sum(e["reward"] for e in episodes) / n,
         "charts/truncated_frac": sum(e["truncated"] for e in episodes) / n,
+        # episodes whose check or diagnosis raised (a back end's bug): failed, or labelled not_reached
+        "charts/checker_raised": sum(e["error_type"] == CHECKER_RAISED for e in episodes),
+        "charts/diagnosis_raised": sum(any(r.startswith(DIAGNOSIS_RAISED) for r in e["reasons"]) for e in episodes),
         "charts/sampled_tokens_mean": sum(e["n_sampled"] for e in episodes) / n,
         "charts/episode_tokens_mean": sum(e["n_tokens"] for e in episodes) / n,
         # -mean log p of the sampled tokens: a Monte Carlo estimate of the sampling policy's entropy
