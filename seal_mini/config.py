@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import yaml
 
 from seal_mini import labels
 from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
-from seal_mini.runio import FileError, load_yaml, read_text, read_yaml
+from seal_mini.runio import FileError, atomic_write_text, load_yaml, read_text, reading
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 
@@ -705,7 +706,13 @@ def _coerce(value, annotation, key: str):
     if annotation is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         _check(ok, key, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer past any float
+            number = math.inf
+        # no setting means anything at infinity or NaN: a learning rate, a temperature, a limit, a rho
+        _check(math.isfinite(number), key, f"expected a finite number, got {str(value)[:40]}")
+        return number
     if annotation is str:
         _check(isinstance(value, str), key, f"expected a string, got {value!r}")
         return value
@@ -750,7 +757,7 @@ def _read_recipe(path: Path, seen: tuple = ()) -> dict:
         raise ConfigError(f"recipe {path}: no such file (recipes live in recipes/*.yaml)")
     if path.resolve() in seen:
         raise ConfigError(f"recipe {path}: `base:` chain loops back to itself")
-    text = read_text(path, fix="save the recipe as UTF-8 text")
+    text = _checked_text(path, read_text(path, fix="save the recipe as UTF-8 text"))  # a run's config.yaml
     try:
         data = load_yaml(text)
     except yaml.YAMLError as e:
@@ -817,11 +824,49 @@ def config_from_dict(data: dict, overrides: list[str] | tuple = ()) -> Config:
     return cfg
 
 
+DIGEST_LINE = "# seal_mini: sha256 of the settings below "
+"""The first line of a run's config.yaml: the digest of the rest, so a file cut short or edited by hand is
+refused by every command that reads it, instead of read as a run with defaults in the holes."""
+SAVED_FIX = (
+    "restore it (the config the run was made with), or start the run again with --restart (moves its results "
+    "aside, deletes nothing); a setting a continuing run may change is given as key=value, never edited here"
+)
+
+
+def save_config(run_dir: Path, cfg: Config) -> None:
+    """A run's config.yaml: its digest line, then every setting (written atomically)."""
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    atomic_write_text(Path(run_dir) / "config.yaml", f"{DIGEST_LINE}{_sha256(text)}\n{text}")
+
+
+def _sha256(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _checked_text(path: Path, text: str) -> str:
+    """A config.yaml's settings once its digest line holds (a file an earlier kit wrote has none)."""
+    if not text.startswith(DIGEST_LINE):
+        return text
+    first, _, rest = text.partition("\n")
+    if first[len(DIGEST_LINE) :].strip() != _sha256(rest):
+        raise FileError(f"{path}: damaged (its settings no longer match the digest written with them); {SAVED_FIX}")
+    return rest
+
+
+def check_config_file(path: Path) -> None:
+    """Refuse a run's config.yaml whose digest line no longer holds (FileError naming it and the fix)."""
+    _checked_text(path, read_text(path, SAVED_FIX))
+
+
 def saved_config(run_dir: str | Path) -> Config:
     """The config a run directory was made with (its config.yaml); a damaged one is a FileError naming it."""
     path = Path(run_dir) / "config.yaml"
-    fix = "restore it (the config the run was made with), or start the run again with --restart"
-    data = read_yaml(path, fix)
+    fix = SAVED_FIX
+    text = _checked_text(path, read_text(path, fix))
+    with reading(path, fix):
+        data = load_yaml(text)
     if not isinstance(data, dict):
         raise FileError(f"{path}: not a mapping of settings; {fix}")
     try:

@@ -433,7 +433,7 @@ def move_aside(run_dir: Path) -> Path | None:
 LOCK = ".lock"
 
 
-def _holder_text(holder: dict) -> str:
+def holder_text(holder: dict) -> str:
     pid, host, command, started = (holder.get(k) for k in ("pid", "host", "command", "started"))
     return f"pid {pid} on {host} running `{command}` since {started}"
 
@@ -476,6 +476,7 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     warning, and the temporary files that process left half-written are removed."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK
+    made = not run_dir.exists()
     with writing(path):
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -485,7 +486,7 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
         except BlockingIOError:
             holder = _read_holder(fd) or {}
             raise FileError(
-                f"{run_dir} is in use by {_holder_text(holder)}; wait for it to end or stop it "
+                f"{run_dir} is in use by {holder_text(holder)}; wait for it to end or stop it "
                 f"(kill {holder.get('pid')}), or give this run another name (name=...)"
             ) from None
         except OSError as e:  # a file system without locks (some network ones): say so and carry on
@@ -495,7 +496,7 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
         previous = _read_holder(fd)
         if previous is not None:  # its writer was killed: what it left half-written is no one's now
             print(
-                f"[lock] {run_dir}: taking over from {_holder_text(previous)}, which ended without releasing it",
+                f"[lock] {run_dir}: taking over from {holder_text(previous)}, which ended without releasing it",
                 file=sys.stderr,
             )
             remove_temporaries(run_dir)
@@ -514,6 +515,10 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
         finally:
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)  # released: an empty record tells the next writer all ended well
+            if made and [p.name for p in run_dir.iterdir()] == [LOCK]:  # a command refused before writing
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    run_dir.rmdir()
     finally:
         os.close(fd)
 

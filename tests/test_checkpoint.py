@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from seal_mini.__main__ import main
-from seal_mini.config import load_config
+from seal_mini.config import DIGEST_LINE, load_config
 from seal_mini.training import checkpoint as checkpoint_module
 from seal_mini.training import train as train_module
 
@@ -160,10 +160,16 @@ def test_a_copied_run_directory_reads_and_writes_its_own_files(trained, run, cap
     assert snapshot(trained) == original and not (trained / "eval").exists()
 
 
-def test_a_fresh_start_over_a_finished_run_is_refused(run, capsys):
+def test_the_same_train_command_again_continues_the_run_and_other_settings_are_refused(run, capsys):
+    """`train RECIPE` over its own run continues it, as the pipeline does (a finished run: nothing to do);
+    other settings are refused by name, never a fresh start over the run."""
     run_dir, recipe = run
-    rc, _, err = cli(capsys, "train", recipe, f"out_dir={run_dir.parent}")
-    assert rc == 2 and "--resume" in one_line_error(err)
+    before = snapshot(run_dir / "checkpoint")
+    rc, out, _ = cli(capsys, "train", recipe, f"out_dir={run_dir.parent}")
+    assert rc == 0 and "checkpoint of step 3: continuing that run" in out
+    assert snapshot(run_dir / "checkpoint") == before
+    rc, _, err = cli(capsys, "train", recipe, f"out_dir={run_dir.parent}", "train.lr=0.5")
+    assert rc == 2 and "other settings (train.lr)" in one_line_error(err)
 
 
 # --- every damaged file named in one line -----------------------------------------------------------
@@ -250,6 +256,48 @@ def test_a_damaged_run_file_is_named_in_one_line(run, capsys, damage, command):
 
 
 @pytest.mark.parametrize(
+    "command",
+    [
+        ["train", "--resume", "{run}"],
+        ["eval", "{run}/config.yaml", "--scripted", "empty"],
+        ["dataset", "{run}", "--out", "{tmp}/data"],
+        ["export", "{run}", "--out", "{tmp}/export"],
+        ["chat", "{run}", "--scripted", "empty"],
+        ["report", "{run}"],
+        ["pipeline", "{run}/config.yaml"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_a_config_cut_short_or_edited_is_refused_by_every_command_and_nothing_changes(run, tmp_path, capsys, command):
+    """A run's config.yaml carries the digest of its settings: cut in half (the keys it lost would come back
+    as defaults: another run) or edited, every command that reads the run refuses it in one line."""
+    run_dir, _ = run
+    path = run_dir / "config.yaml"
+    text = path.read_text()
+    assert text.startswith(DIGEST_LINE)
+    for damaged in (text[: len(text) // 2].rsplit("\n", 1)[0] + "\n", text.replace("lr: 1.0e-05", "lr: 0.001")):
+        assert damaged != text
+        path.write_text(damaged)
+        before = snapshot(run_dir)
+        argv = [a.format(run=run_dir, tmp=tmp_path) for a in command]
+        rc, _, err = cli(capsys, *argv)
+        line = one_line_error(err)
+        assert rc == 2 and f"{path}: damaged" in line and "--restart" in line, line
+        assert snapshot(run_dir) == before and not (tmp_path / "data").exists() and not (tmp_path / "export").exists()
+
+
+def test_a_zero_filled_checkpoint_file_is_refused_naming_it(run, capsys):
+    run_dir, _ = run
+    path = newest_checkpoint(run_dir) / "adapter" / "adapter_config.json"
+    path.write_bytes(bytes(len(path.read_bytes())))
+    before = snapshot(run_dir)
+    rc, _, err = cli(capsys, "train", "--resume", run_dir)
+    line = one_line_error(err)
+    assert rc == 2 and f"{path}: changed since written" in line and "step_0002" in line
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(
     "content, problem", [(b"name: caf\xe9\n", "not UTF-8"), (b"", "empty"), (b"# only a comment\n", "empty")]
 )
 def test_a_bad_recipe_is_named(tmp_path, capsys, content, problem):
@@ -278,7 +326,8 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, cap
     assert newest_checkpoint(run_dir).name == "step_0001"
     assert not list(run_dir.rglob(".*.tmp"))  # the half-written checkpoint is gone, the last one kept
     monkeypatch.undo()
-    rc, out, _ = cli(capsys, "train", "--resume", run_dir)
+    assert "rerun the same command" in line
+    rc, out, _ = cli(capsys, "train", recipe, f"out_dir={tmp_path / 'runs'}")  # what the message says
     assert rc == 0 and "checkpoint of step 1" in out
     assert newest_checkpoint(run_dir).name == "step_0003"
 
@@ -549,3 +598,38 @@ def test_non_finite_weights_are_never_saved_nor_resumed_from(tmp_path):
         checkpoint_module.save_checkpoint(tmp_path, policy, optimizer, scheduler, checkpoint_module.LoopState(step=2))
     assert [p.name for p in checkpoint_module.checkpoints(tmp_path)] == ["step_0001"]
     assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step_0001"]  # no half-written one
+
+
+def test_chat_while_training_runs_says_to_wait_not_to_resume(run, capsys):
+    """Before training ends there is no adapter; while a command holds the run, `train --resume` would be
+    refused by its lock, so the message says who writes the run and to wait."""
+    run_dir, _ = run
+    shutil.rmtree(run_dir / "adapter")
+    training = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # a live other process
+    try:
+        holder = {"pid": training.pid, "host": socket.gethostname(), "command": "seal_mini train", "started": "now"}
+        (run_dir / ".lock").write_text(json.dumps(holder))
+        rc, _, err = cli(capsys, "chat", run_dir)
+    finally:
+        training.kill()
+        training.wait()
+    line = one_line_error(err)
+    assert rc == 2 and "no trained adapter" in line and "wait for it to end" in line and "--resume" not in line
+    (run_dir / ".lock").unlink()
+    rc, _, err = cli(capsys, "chat", run_dir)
+    assert rc == 2 and f"train --resume {run_dir}" in one_line_error(err)
+
+
+def test_a_refused_command_leaves_no_run_folder_and_report_out_on_a_file_says_so(tmp_path, capsys):
+    ids = tmp_path / "ids.json"
+    ids.write_text('["no_such_task"]')
+    recipe = write_recipe(tmp_path / "fast.yaml")
+    rc, _, err = cli(capsys, "eval", recipe, f"out_dir={tmp_path / 'runs'}", "--ids", ids, "--scripted", "empty")
+    assert rc == 2 and "no_such_task" in one_line_error(err)
+    assert not (tmp_path / "runs" / "tiny").exists()  # not a folder holding only .lock
+    (tmp_path / "runs" / "tiny").mkdir()
+    rc, _, err = cli(capsys, "eval", recipe, f"out_dir={tmp_path / 'runs'}", "--ids", ids, "--scripted", "empty")
+    assert rc == 2 and (tmp_path / "runs" / "tiny").is_dir()  # a folder that was there stays
+    (tmp_path / "a_file").write_text("x")
+    rc, _, err = cli(capsys, "report", tmp_path / "runs" / "tiny", "--out", tmp_path / "a_file")
+    assert rc == 2 and "that is a file; name a folder" in one_line_error(err)

@@ -44,6 +44,15 @@ def test_recipe_base_chain_and_partial_rho(tmp_path):
         ("steps", "expected key.sub=value"),
         ("train.diagnose=false", "train.reweight: needs train.diagnose"),
         ("lora.dropout=0.1", "lora.dropout: must be 0"),
+        # no setting means anything at infinity (each passed before, the first failed only after a step)
+        ("train.lr=.inf", "train.lr: expected a finite number"),
+        ("train.lr=1e999", "train.lr: expected a finite number"),
+        ("train.lr=" + "9" * 400, "train.lr: expected a finite number"),
+        ("rollout.temperature=.inf", "rollout.temperature: expected a finite number"),
+        ("train.kl_coef=.nan", "train.kl_coef: expected a finite number"),
+        ("diagnosis.rho.pass=.inf", "diagnosis.rho.pass: expected a finite number"),
+        ("diagnosis.w_max=1e999", "diagnosis.w_max: expected a finite number"),
+        ("rollout.kv_budget_gb=.inf", "rollout.kv_budget_gb: expected a finite number"),
     ],
 )
 def test_bad_values_name_the_key(override, key):

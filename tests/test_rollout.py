@@ -440,3 +440,28 @@ def test_eager_attention_gets_additive_masks_and_flash_attention_is_refused(poli
     eager.model.get_base_model().config._attn_implementation = "flash_attention_2"
     with pytest.raises(ConfigError, match="use sdpa or eager"):
         run_rollouts(eager, [Episode(TASKS[ids[0]])], cfg, 0.0)
+
+
+class Floods(ToyEnv):
+    """A tool that answers with 10 MB of text."""
+
+    def step(self, text):
+        return SimpleNamespace(observation=[{"role": "tool", "content": "x" * 10_000_000}], turn_done=False, done=False)
+
+
+def test_an_observation_too_long_to_fit_ends_the_episode_before_it_is_tokenized(policy, monkeypatch):
+    """10 MB of tool output took about 20 s to tokenize before the limit cut it: a text of N characters
+    needs at least N / max_token_chars tokens, so one that cannot fit is never handed to the tokenizer."""
+    seen = []
+    real = policy.renderer.continuation
+
+    def spy(ids, before, new, *args):
+        seen.append(sum(len(str(m.get("content") or "")) for m in new))
+        return real(ids, before, new, *args)
+
+    monkeypatch.setattr(policy.renderer, "continuation", spy)
+    script = Script({0: [message(policy, "<tool_call>{}</tool_call>")]})
+    (traj,) = run_rollouts(policy, [Floods()], rollout_cfg(max_total_tokens=4096), 0.0, logits_hook=script)
+    assert traj.truncated and traj.env.done and traj.n_messages == 1
+    assert seen and max(seen) < 1_000  # the flood never reached the tokenizer
+    assert policy.renderer.max_token_chars >= max(len(policy.renderer.decode([i])) for i in range(200))

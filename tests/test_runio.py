@@ -148,6 +148,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path):
     with run_lock(tmp_path / "run", "python -m seal_mini train recipes/x.yaml"):
         holder = json.loads((tmp_path / "run" / ".lock").read_text())
         assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+        (tmp_path / "run" / "written.json").write_text("{}")  # a command that wrote (else the folder goes)
         with pytest.raises(FileError) as e, run_lock(tmp_path / "run", "python -m seal_mini report runs/run"):
             pass
     message = str(e.value)

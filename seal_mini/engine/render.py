@@ -25,6 +25,7 @@ default once (`default_system`) and writes a system message marked KEEP_DEFAULT_
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jinja2
@@ -207,6 +208,13 @@ class ChatRenderer:
         if len(bare) < len(before) + len(after) or not (bare.startswith(before) and bare.endswith(after)):
             return ""  # no system text without a system message
         return bare[len(before) : len(bare) - len(after)]
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """No token decodes to more characters than this (its vocabulary's longest entry: a byte-level
+        entry has a character per byte, and a decoded character is at least a byte). So a text of N
+        characters needs at least N / max_token_chars tokens, known before tokenizing it."""
+        return max(map(len, self.tokenizer.get_vocab()), default=1) or 1
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a text; special tokens appear in it as text, so none are added."""

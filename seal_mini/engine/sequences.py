@@ -274,6 +274,9 @@ class Sequences:
     def append(self, live: LiveEpisode, new: list[dict], generation_prompt: bool, room: int) -> bool:
         """Lay down the tokens of new messages (and the next generation prompt) if they fit."""
         t = live.traj
+        left = self.cfg.max_total_tokens - len(t.input_ids) - room
+        if sum(len(str(m.get("content") or "")) for m in new) > left * self.renderer.max_token_chars:
+            return False  # too long to fit, whatever its tokens: a tool's 10 MB output is not tokenized (20 s)
         ids, exact = self.renderer.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
         if len(t.input_ids) + len(ids) + room > self.cfg.max_total_tokens:
             return False

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, LABELS, ConfigError
+from seal_mini.config import CATEGORIES, LABELS, ConfigError, check_config_file
 from seal_mini.core.interface import active_cues
 from seal_mini.evaluation.suites import SUITES
 from seal_mini.runio import (
@@ -51,6 +51,8 @@ REMOVE = "restore it, or delete it (the report then leaves it out)"
 def check_run_dir(run_dir: Path) -> None:
     if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
         raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+    if (run_dir / "config.yaml").exists():
+        check_config_file(run_dir / "config.yaml")  # a damaged one: the run is not what its files say
 
 
 def load_run(run_dir: Path) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -36,11 +37,13 @@ from seal_mini.runio import (
     FileError,
     atomic_write_text,
     check_model_folder,
+    holder_text,
     new_dir,
     read_json,
     read_metrics,
     run_lock,
     write_json,
+    writer,
 )
 
 EXPORT_MARK = "seal_mini_config.yaml"
@@ -73,7 +76,12 @@ def trained_adapter(run_dir: Path) -> Path:
     adapter = run_dir / "adapter"
     missing = [f for f in ADAPTER_FILES if not (adapter / f).is_file()]
     if missing:
-        hint = f"finish training first (python -m seal_mini train --resume {run_dir})"
+        holder = writer(run_dir)  # another command writing the run now (this one may hold it itself)
+        hint = (
+            f"it is written when training ends, and {holder_text(holder)} writes the run now: wait for it to end"
+            if holder and holder.get("pid") != os.getpid()
+            else f"finish training first (python -m seal_mini train --resume {run_dir})"
+        )
         raise ConfigError(f"{adapter}: no trained adapter ({', '.join(missing)} missing); {hint}")
     check_model_folder(
         adapter, ADAPTER_FILES, f"restore it, or train again (python -m seal_mini train --resume {run_dir})"

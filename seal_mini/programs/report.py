@@ -22,6 +22,8 @@ def main(argv: list[str]) -> int:
         if not run.is_dir():
             raise ConfigError(f"report: {run}: no such folder")
     out = Path(args.out) if args.out else runs[0] / "report"
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"report --out {out}: that is a file; name a folder for the report")
     path = build_report(runs, out, " ".join([parser.prog, *argv]))
     print(json.dumps({"report": str(path)}))
     return 0

@@ -1,5 +1,6 @@
 """`python -m seal_mini train RECIPE [k=v ...]`, or `train --resume RUN_DIR`: SEAL training (the loop is
-seal_mini/training/train.py)."""
+seal_mini/training/train.py). A recipe whose run directory holds a run continues it, as a rerun of the
+pipeline does: stopping and rerunning the same command continues where it stopped."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def main(argv: list[str]) -> int:
     with run_lock(run_dir, " ".join([parser.prog, *argv])):
         if args.resume:  # read the run's config only once no other command can be writing it
             cfg = resume_config(run_dir, args.recipe, args.overrides)
-        run_dir, _ = train(cfg, resume=bool(args.resume), restart=args.restart)
+        # the same command again continues the run (as the pipeline does); other settings are refused by name
+        run_dir, _ = train(cfg, resume=True, restart=args.restart)
     print(json.dumps({"run_dir": str(run_dir)}))
     return 0

@@ -55,6 +55,9 @@ CHECKPOINT_PARTS = (
     "rng.pt",
     "state.json",
 )
+DIGESTS = "digests.json"
+"""{part: sha256} of a checkpoint's parts, written last: resume trusts a part only if it still has its digest
+(a checkpoint written before digests existed is trusted as its files are)."""
 KEEP_CHECKPOINTS = 2
 """The newest checkpoint, and the one before it as a spare until the next one is on disk."""
 
@@ -114,8 +117,34 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
                 "profile": state.profile,
             },
         )
+        write_json(tmp / DIGESTS, {part: file_digest(tmp / part) for part in CHECKPOINT_PARTS})
     for old in checkpoints(run_dir)[KEEP_CHECKPOINTS:]:
         shutil.rmtree(old)
+
+
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checkpoint_problem(checkpoint: Path, fix: str) -> str:
+    """What is wrong with a checkpoint ("" if nothing): parts missing, or no longer what was written."""
+    missing = [part for part in CHECKPOINT_PARTS if not (checkpoint / part).is_file()]
+    if missing:
+        return f"{checkpoint}: incomplete ({', '.join(missing)} missing); {fix}"
+    if not (checkpoint / DIGESTS).is_file():
+        return ""
+    digests = read_json(checkpoint / DIGESTS, fix)
+    changed = [part for part in CHECKPOINT_PARTS if digests.get(part) != file_digest(checkpoint / part)]
+    if changed:
+        named = ", ".join(str(checkpoint / part) for part in changed)
+        return f"{named}: changed since written (not the digest in {DIGESTS}); {fix}"
+    return ""
 
 
 def checkpoint_fix(found: list[Path]) -> str:
@@ -189,9 +218,9 @@ def open_run(cfg: Config, resume: bool, restart: bool) -> Path | None:
         print(f"[train] --restart: what {run_dir} held is now in {aside}")
     found = checkpoints(run_dir)
     if found:
-        missing = [part for part in CHECKPOINT_PARTS if not (found[0] / part).is_file()]
-        if missing:
-            raise FileError(f"{found[0]}: incomplete ({', '.join(missing)} missing); {checkpoint_fix(found)}")
+        problem = checkpoint_problem(found[0], checkpoint_fix(found))
+        if problem:
+            raise FileError(problem)
         if not resume:
             raise ConfigError(
                 f"{run_dir} already holds a training run; continue it with `train --resume {run_dir}`, start it "

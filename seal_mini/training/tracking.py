@@ -25,7 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
-from seal_mini.config import Config, ConfigError
+from seal_mini.config import Config, ConfigError, save_config
 from seal_mini.core.diagnose import DIAGNOSIS_RAISED
 from seal_mini.core.interface import active_cues
 from seal_mini.distributed import is_main
@@ -39,7 +39,6 @@ from seal_mini.runio import (
     write_json,
     write_jsonl_gz,
     write_metrics,
-    write_yaml,
 )
 from seal_mini.training import checkpoint
 
@@ -58,7 +57,7 @@ class RunWriter:
         if not self.active:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        write_yaml(self.run_dir / "config.yaml", cfg.to_dict())
+        save_config(self.run_dir, cfg)
         write_json(self.run_dir / "split.json", split)
         self.tracker = Tracker(cfg, self.run_dir, history=self.rows)
 
