@@ -150,6 +150,7 @@ def test_a_checkpoint_older_than_a_label_resumes_with_the_labels_configured_rho(
     state = read_json(saved)
     del state["rho"]["instance_mismatch"]  # what a checkpoint written before the label existed holds
     write_json(saved, state)
+    (saved.parent / "digests.json").unlink()  # nor had checkpoints of that age digests
     train_module.train(cfg, resume=True)
     # round 1's rho moved from the checkpoint's, with the new label starting at its configured value
     round1 = read_json(cfg.run_dir / "rounds" / "step_0001.json")
@@ -169,6 +170,7 @@ def test_a_checkpoint_of_another_loop_version_is_refused_not_continued(tmp_path,
     state = read_json(saved)
     assert state.pop("loop") == checkpoint_module.LOOP_VERSION
     write_json(saved, state)
+    (saved.parent / "digests.json").unlink()  # nor had checkpoints of that age digests
     with pytest.raises(ConfigError, match="loop version 1 .* --restart"):
         train_module.train(cfg, resume=True)
     train_module.train(cfg, restart=True)  # what the message offers works
