@@ -508,10 +508,25 @@ class EvalConfig:
     """Which ids to evaluate: eval (held-in 400) | train | all."""
     base_model: bool = True
     """Also evaluate the backbone without adapter (the table's "backbone" row)."""
+    limits: str = "paper"
+    """Held-in token limits. paper: those of the paper and the authors' release (EVAL_LIMITS: prompt 8,192,
+    response 4,096 a whole episode, 16,384 in all; one message may use the whole response), never training's
+    per-message cut. rollout: the rollout.* limits (the CPU recipes, whose small models would sample up to
+    any limit they are given)."""
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", "must be >= 0")
         _one_of(self.split, ("eval", "train", "all"), f"{key}.split")
+        _one_of(self.limits, ("paper", "rollout"), f"{key}.limits")
+
+
+EVAL_LIMITS = {
+    "max_prompt_tokens": 8192,
+    "max_new_tokens": 4096,
+    "max_response_tokens": 4096,
+    "max_total_tokens": 16384,
+}
+"""eval.limits: paper, as RolloutConfig fields."""
 
 
 MEMORY_BACKENDS = ("kv", "rec_sum", "vector")
@@ -855,9 +870,9 @@ def _checked_text(path: Path, text: str) -> str:
     return rest
 
 
-def check_config_file(path: Path) -> None:
-    """Refuse a run's config.yaml whose digest line no longer holds (FileError naming it and the fix)."""
-    _checked_text(path, read_text(path, SAVED_FIX))
+def check_config_file(path: Path) -> str:
+    """A run's config.yaml's settings text; one whose digest line no longer holds is a FileError naming it."""
+    return _checked_text(path, read_text(path, SAVED_FIX))
 
 
 def saved_config(run_dir: str | Path) -> Config:

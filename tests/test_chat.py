@@ -12,7 +12,13 @@ from seal_mini.evaluation.heldin import evaluate
 from seal_mini.programs.chat import Console, main, verdict_lines
 from seal_mini.runio import write_json, write_yaml
 
-TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false", "rollout.max_new_tokens=24"]
+TINY = [
+    "model.name=tiny-random",
+    "device=cpu",
+    "model.gradient_checkpointing=false",
+    "rollout.max_new_tokens=24",
+    "eval.limits=rollout",
+]
 TASK = "multi_turn_base_3"
 
 

@@ -36,6 +36,7 @@ FAST = {
     "model": {"name": "tiny-random", "gradient_checkpointing": False},
     "data": {"max_train_tasks": 2, "max_eval_tasks": 2},
     "rollout": {"group_size": 2, "max_new_tokens": 4, "max_prompt_tokens": 64, "max_total_tokens": 128},
+    "eval": {"limits": "rollout"},
     "train": {"steps": 3, "tasks_per_step": 1, "mini_batch_tasks": 1, "eval_every": 0, "print_samples": 0},
 }
 

@@ -248,6 +248,7 @@ RECIPE = {
     # and Adam turns that rounding into weight differences of 1e-4 where a gradient is near zero), so the
     # runs can be compared bit for bit
     "rollout": {"group_size": 2, "max_new_tokens": 8, "max_concurrent": 1},
+    "eval": {"limits": "rollout"},
     "train": {
         "steps": 3,
         "tasks_per_step": 4,

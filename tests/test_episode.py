@@ -545,3 +545,34 @@ def test_an_episode_its_check_and_its_diagnosis_do_not_depend_on_the_episodes_be
     assert alone[0] == 1.0
     after = fresh_process(("multi_turn_base_5", sequence), ("multi_turn_base_5", turns), ("multi_turn_base_5", turns))
     assert after[1] == after[2] == alone  # played, checked and diagnosed after the sequence: the same
+
+
+def test_what_bfcls_own_code_did_to_defaults_and_module_data_before_the_kit_looked_reaches_no_episode():
+    """BFCL's own TwitterAPI and TravelAPI, run in this process before the kit first looks (the differential's
+    reference does), grow post_tweet's default list and drain long_context.py's cards; an episode starts
+    from the values the source writes all the same."""
+    import importlib
+
+    from seal_mini.envs import harness
+
+    twitter, travel = harness.bfcl_class("TwitterAPI"), harness.bfcl_class("TravelAPI")
+    module = importlib.import_module(travel.__module__)
+    card = module.CREDIT_CARD_EXTENSION["1234567812345678"]
+    defaults, balance = copy.deepcopy(twitter.post_tweet.__defaults__), card["balance"]
+    try:
+        twitter.post_tweet.__defaults__[1].append("@grown")
+        card["balance"] = 0.0
+        harness.first_defaults.cache_clear()
+        harness._fresh_plan.cache_clear()
+        api = harness.fresh_class("TwitterAPI")()
+        api._load_scenario({"username": "a", "password": "b", "authenticated": True})
+        assert api.post_tweet(content="x")["mentions"] == []
+        booking = harness.fresh_class("TravelAPI")()
+        booking._load_scenario({}, long_context=True)
+        assert booking.credit_card_list["1234567812345678"]["balance"] == 5000.0
+        assert booking.credit_card_list["1234567812345678"] is not card  # a copy, not long_context.py's dict
+    finally:
+        twitter.post_tweet.__defaults__ = defaults
+        card["balance"] = balance
+        harness.first_defaults.cache_clear()
+        harness._fresh_plan.cache_clear()

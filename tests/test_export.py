@@ -13,7 +13,7 @@ from seal_mini.engine.policy import load_hf_base, load_policy, save_adapter
 from seal_mini.programs.export import export_adapter, export_merged, main
 from seal_mini.runio import write_json, write_yaml
 
-TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false"]
+TINY = ["model.name=tiny-random", "device=cpu", "model.gradient_checkpointing=false", "eval.limits=rollout"]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,13 @@ from seal_mini.evaluation.heldin import evaluate, success_table
 from seal_mini.runio import read_json
 
 CFG = load_config(
-    overrides=["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", "env.max_calls_per_turn=2"]
+    overrides=[
+        "model.name=tiny-random",
+        "device=cpu",
+        "rollout.max_new_tokens=8",
+        "env.max_calls_per_turn=2",
+        "eval.limits=rollout",
+    ]
 )
 TASKS = pick(load_split(CFG)["eval"], 8)
 
@@ -100,6 +106,7 @@ def test_the_progress_bar_moves_as_each_episode_finishes(tmp_path, monkeypatch):
 FAST_OVERRIDES = [
     "model.name=tiny-random",
     "device=cpu",
+    "eval.limits=rollout",
     "rollout.max_prompt_tokens=64",
     "rollout.max_total_tokens=128",
 ]
@@ -207,3 +214,52 @@ def test_eval_results_are_what_the_report_and_the_model_card_read(tmp_path):
     assert "| backbone (tiny-random) |" in text and "| + SEAL (r) |" in text
     card = model_card(cfg.run_dir, cfg, "tiny-random")
     assert "| backbone | 0.00 |" in card and "| trained adapter | 0.00 |" in card
+
+
+class Prolix(ModelAgent):
+    """The model made to write each turn's ground-truth calls after `prose` tokens of text, then "Done."."""
+
+    prose = 520
+
+    def run(self, envs, progress=None):
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from test_rollout import Script, message
+
+        from seal_mini.engine.rollout import run_rollouts
+        from seal_mini.envs.scripted import ground_truth_turns, scripted_messages
+
+        words = self.policy.renderer.encode("lorem ipsum " * self.prose)[: self.prose]
+        scripts = {
+            k: [
+                (words if "<tool_call>" in text else []) + message(self.policy, text)
+                for turn in ground_truth_turns(env.task)
+                for text in scripted_messages(turn)
+            ]
+            for k, env in enumerate(envs)
+        }
+        trajs = run_rollouts(self.policy, envs, self.cfg.rollout, 0.0, logits_hook=Script(scripts))
+        return [{"messages": t.messages, "truncated": t.truncated, "n_cut": t.n_cut, "n_sampled": 0} for t in trajs]
+
+
+def test_held_in_evaluation_plays_at_the_papers_limits_and_counts_what_a_limit_cut(tmp_path):
+    """Messages of 520 tokens of prose before their calls: training's 512-token message cut them (the
+    episodes scored 0 and nothing said so); the paper's limits play them to the end."""
+    tasks = [t for t in TASKS if t.category == "base"][:1]
+    cut_short = load_config(overrides=["model.name=tiny-random", "device=cpu", "eval.limits=rollout"])
+    paper = load_config(overrides=["model.name=tiny-random", "device=cpu"])
+    assert cut_short.rollout.max_new_tokens == paper.rollout.max_new_tokens == 512 and paper.eval.limits == "paper"
+    policy = load_policy(paper)
+    before = evaluate(Prolix(policy, cut_short), tasks, cut_short, tmp_path, "before", progress=False)
+    after = evaluate(Prolix(policy, paper), tasks, paper, tmp_path, "after", progress=False)
+    assert before["cut"]["base"] == 1 and before["success"]["base"] == 0.0
+    assert after["cut"]["base"] == 0 and after["success"]["base"] == 1.0
+    assert after["limits"] == {
+        "max_prompt_tokens": 8192,
+        "max_new_tokens": 4096,
+        "max_response_tokens": 4096,
+        "max_total_tokens": 16384,
+    }
+    assert "seed 0" in after["split"]

@@ -3,6 +3,7 @@ import json
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 
 from seal_mini.envs.bfcl import load_tasks
 from seal_mini.envs.scripted import ground_truth_call, ground_truth_turns, replay
@@ -48,3 +49,25 @@ def test_episodes_leave_nothing_alive_behind_them():
         tracemalloc.stop()
     print(f"live bytes allocated since the warm pass: {alive[0]} after one pass, {alive[1]} after two")
     assert alive[1] - alive[0] < 64_000  # 160 bytes an episode; measured: 1.5 KB over the 400
+
+
+def test_the_release_splits_ship_and_compare_as_the_release_files_say(tmp_path):
+    """The SEAL release's two splits (recipes/splits/, from its parquet files and bfcl_400_split.json): the
+    one exp/SEAL.yaml uses is made by index like the kit's and shares 192 training ids with its seed 0;
+    the other is not (173 indices on both sides, 344 held-in tasks with a training twin)."""
+    from seal_mini.envs.bfcl import read_split_file
+    from seal_mini.programs.oracle import compare_splits
+
+    release = json.loads(Path("recipes/splits/seal_release_400_split.json").read_text())
+    (tmp_path / "release_layout.json").write_text(
+        json.dumps({"train": release["train"], "test": release["eval"], "seed": 0})
+    )
+    assert read_split_file(tmp_path / "release_layout.json")["eval"] == release["eval"]  # its "test" is held-in
+    figures = compare_splits([str(tmp_path / "release_layout.json")])
+    splits, shared = figures["splits"], figures["shared_train"]
+    assert splits["kit seed 0"]["indices_on_both_sides"] == splits["seal_release"]["indices_on_both_sides"] == 0
+    assert splits["seal_release_400_split"]["indices_on_both_sides"] == 173
+    assert splits["seal_release_400_split"]["eval_with_train_twin"] == 344
+    assert shared["kit seed 0 / seal_release"] == 192 and shared["seal_release / seal_release_400_split"] == 206
+    assert shared["seal_release_400_split / release_layout"] == 400
+    assert all(s["train"] == s["eval"] == 400 for s in splits.values())

@@ -93,6 +93,7 @@ TINY = {
     "data": {"max_train_tasks": 1, "max_eval_tasks": 1},
     # every prompt is over its limit: an episode ends at once, so a whole pipeline takes seconds
     "rollout": {"group_size": 2, "max_new_tokens": 4, "max_prompt_tokens": 64, "max_total_tokens": 128},
+    "eval": {"limits": "rollout"},
     "train": {"steps": 1, "tasks_per_step": 1, "mini_batch_tasks": 1, "eval_every": 0, "print_samples": 0},
 }
 

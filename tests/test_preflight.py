@@ -102,6 +102,24 @@ def test_unknown_model_and_gpu_cap_on_cpu_are_clear_errors(tmp_path):
         preflight.preflight(load_config("recipes/qwen2_5_3b.yaml", ["device=cpu"]), gpu_mem_gb=16)
 
 
+def test_a_local_folder_saved_by_transformers_5_shrinks_to_a_buildable_shape(tmp_path):
+    """Its config.json lists a type per layer (layer_types): the shrunk shape keeps one per layer it keeps."""
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    Qwen2Config(**{**preflight.KNOWN_SHAPES["Qwen/Qwen2.5-3B-Instruct"], "model_type": "qwen2"}).save_pretrained(
+        tmp_path
+    )
+    assert len(json.loads((tmp_path / "config.json").read_text())["layer_types"]) == 36
+    shape = preflight.architecture(load_config(None, [f"model.name={tmp_path}"]), shrink=True)
+    assert shape["num_hidden_layers"] == 2 and shape["layer_types"] == ["full_attention"] * 2
+    keep = {
+        k: v for k, v in shape.items() if k not in ("architectures", "torch_dtype", "dtype", "transformers_version")
+    }
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**keep))  # raised before: 2 layers, 36 types
+    assert len(model.model.layers) == 2
+
+
 SHIPPED = sorted(str(p) for p in (*Path("recipes").glob("*.yaml"), *Path("recipes/ablations").glob("*.yaml")))
 
 

@@ -64,3 +64,24 @@ def test_the_label_legend_stands_beside_the_bars(monkeypatch):
     legend, box = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert legend.x0 >= box.x1  # right of the axes, over no bar
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["state_mismatch", "pass"]  # top of the stack first
+
+
+def test_the_result_table_shows_the_papers_row_the_split_and_what_a_limit_cut():
+    def result(mean, cut):
+        success = {"base": mean, "miss_func": mean, "miss_param": mean, "long_context": mean, "mean": mean}
+        limits = {"max_prompt_tokens": 8192, "max_new_tokens": 4096, "max_response_tokens": 4096}
+        return {"policy": "p", "success": success, "n_tasks": 400, "split": "split file x.json", "cut": cut,
+                "limits": {**limits, "max_total_tokens": 16384}}  # fmt: skip
+
+    cut = {"base": 0, "miss_func": 3, "miss_param": 0, "long_context": 7}
+    run = {
+        "name": "r",
+        "model": "Qwen/Qwen2.5-3B-Instruct",
+        "evals": {"base": result(0.05, cut), "adapter": result(0.1, cut)},
+    }
+    table = report.table_main(run)
+    assert "| paper: SEAL |  |  |  |  | 14.00 |" in table and "| paper: backbone |  |  |  |  | 5.75 |" in table
+    assert "400 held-in tasks (split file x.json)" in table and "scored 0): miss_func 3, long_context 7." in table
+    assert "Paper rows: its Table 1, on the authors' split" in table
+    run["model"] = "tiny-random"  # no paper row for a backbone the paper did not train
+    assert "paper:" not in report.table_main(run) and "Paper rows" not in report.table_main(run)

@@ -331,6 +331,7 @@ def test_the_pipeline_runs_on_the_kitchen(tmp_path):
     small += ["model.scratch.kv_heads=1", "sft.epochs=1", "sft.batch=8", "sft.demos_per_task=1"]
     small += ["data.max_train_tasks=8", "data.max_eval_tasks=4", "rollout.group_size=2", "rollout.max_new_tokens=8"]
     small += ["train.steps=1", "train.tasks_per_step=2", "train.mini_batch_tasks=1", "train.eval_every=0"]
+    small += ["eval.limits=rollout"]
     proc = subprocess.run(
         [sys.executable, "-m", "seal_mini", "pipeline", RECIPE, f"out_dir={tmp_path}", *small],
         cwd=ROOT,

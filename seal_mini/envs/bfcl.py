@@ -215,16 +215,22 @@ def make_split(train_per_category: int = 100, seed: int = 0, categories=CATEGORI
 
 
 def read_split_file(path: str | Path) -> dict[str, list[str]]:
-    """An explicit {"train": [...], "eval": [...]} id file; every id must exist."""
+    """An explicit {"train": [...], "eval": [...]} id file (or the SEAL release's layout, "test" for "eval");
+    every id must exist. Other keys (source, licence, seed) are notes."""
     path = Path(path)
+    checkout = Path(__file__).resolve().parents[2] / path  # a shipped split (recipes/splits/) from anywhere
+    if not path.is_file() and not path.is_absolute() and checkout.is_file():
+        path = checkout
     if not path.is_file():
         raise ConfigError(f"data.split_file: {path} does not exist")
     try:
         split = json.loads(read_text(path, "save it as UTF-8 JSON text"))
     except json.JSONDecodeError as e:
         raise ConfigError(f"data.split_file: {path} is not JSON ({e})") from None
+    if isinstance(split, dict) and "eval" not in split and "test" in split:
+        split = {**split, "eval": split["test"]}
     if not isinstance(split, dict) or not {"train", "eval"} <= set(split):
-        raise ConfigError(f'data.split_file: {path} must hold {{"train": [ids], "eval": [ids]}}')
+        raise ConfigError(f'data.split_file: {path} must hold {{"train": [ids], "eval": [ids]}} (or "test": [ids])')
     known = tasks_by_id()
     for side in ("train", "eval"):
         unknown = [i for i in split[side] if i not in known]

@@ -47,14 +47,19 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import importlib
 import inspect
+import itertools
 import json
 import math
+import pickle
 import re
 import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -251,44 +256,192 @@ def instance_name(prefix: str, task_id: str, class_name: str) -> str:
 def bfcl_class(class_name: str) -> type:
     """The back-end class of that name: BFCL's (TwitterAPI, GorillaFileSystem, ...), or a recipe's own, which
     seal_mini.envs.world registers in the same table of BFCL's (the one its executor reads too)."""
-    import importlib
 
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
     return getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
 
 
+MUTABLE = (list, dict, set)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """The global names a function's code (and the code nested in it) reads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
+@cache
+def _module_tree(module_name: str) -> ast.Module | None:
+    path = getattr(importlib.import_module(module_name), "__file__", None) or ""
+    return ast.parse(Path(path).read_text(encoding="utf-8")) if path.endswith(".py") else None
+
+
+@cache
+def source_literals(module_name: str) -> dict[str, object]:
+    """The names a module's source binds to literal values at its top level, and those it imports by name
+    from a module of its own package (read the same way): the values a fresh process starts with, however
+    this process has changed them since."""
+    tree = _module_tree(module_name)
+    values: dict[str, object] = {}
+    for node in tree.body if tree else []:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == module_name.split(".")[0]:
+                source = source_literals(node.module)
+                values.update({a.asname or a.name: source[a.name] for a in node.names if a.name in source})
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                try:
+                    values[targets[0].id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    values.pop(targets[0].id, None)
+    return values
+
+
+def _source_defaults(fn: types.FunctionType) -> tuple:
+    """A function's default arguments as its source writes them (literals), else as first seen here."""
+    node = _module_tree(fn.__module__)
+    for part in fn.__qualname__.split("."):
+        body = node.body if node else []
+        node = next((n for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part), None)
+    written = node.args.defaults if isinstance(node, ast.FunctionDef) else []
+    out = []
+    for value, source in zip(fn.__defaults__, [None] * (len(fn.__defaults__) - len(written)) + written, strict=True):
+        try:
+            out.append(ast.literal_eval(source) if source is not None else copy.deepcopy(value))
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            out.append(copy.deepcopy(value))
+    return tuple(out)
+
+
 @cache
 def first_defaults(cls: type) -> dict[str, tuple]:
     """Method name -> its default arguments, for each method of a back-end class with a mutable default
-    (TwitterAPI.post_tweet(tags=[], mentions=[])): copies taken the first time the kit looks, before
-    anything ran, so they are what a fresh process starts with."""
+    (TwitterAPI.post_tweet(tags=[], mentions=[])): as its source writes them, so they are what a fresh
+    process starts with, whatever ran in this one (BFCL's own TwitterAPI may have grown them)."""
     out = {}
     for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
-        if any(isinstance(d, (list, dict, set)) for d in fn.__defaults__ or ()):
-            out[name] = copy.deepcopy(fn.__defaults__)
+        if any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
+            out[name] = _source_defaults(fn)
+    return out
+
+
+@dataclass
+class _FreshPlan:
+    """What a back-end class needs to start as in a fresh process (see fresh_class)."""
+
+    methods: dict[str, types.FunctionType]
+    """Methods (own or inherited) that read a mutable module global or have a mutable default."""
+    helpers: dict[str, dict[str, types.FunctionType]]
+    """Per module: its top-level functions that read such a global (the methods may call them)."""
+    data: dict[str, bytes]
+    """Per module: its mutable globals those functions read, as a fresh process has them (pickled)."""
+
+
+def _reads_data(fn: types.FunctionType) -> set[str]:
+    return {n for n in _code_names(fn.__code__) if isinstance(fn.__globals__.get(n), MUTABLE)}
+
+
+@cache
+def _fresh_plan(cls: type) -> _FreshPlan:
+    methods = {}
+    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
+        if _reads_data(fn) or any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
+            methods[name] = fn
+    helpers: dict[str, dict[str, types.FunctionType]] = {}
+    names: dict[str, set[str]] = {}
+    todo = list(methods.values())
+    while todo:  # the module functions those read, and the ones these read, ...
+        fn = todo.pop()
+        module = fn.__module__
+        names.setdefault(module, set()).update(_reads_data(fn))
+        for n in _code_names(fn.__code__):
+            f = fn.__globals__.get(n)
+            if isinstance(f, types.FunctionType) and f.__module__ == module and n not in helpers.get(module, {}):
+                if _reads_data(f):
+                    helpers.setdefault(module, {})[n] = f
+                    todo.append(f)
+    data = {}
+    for module, wanted in names.items():
+        if wanted:
+            g, literal = vars(importlib.import_module(module)), source_literals(module)
+            data[module] = pickle.dumps({n: literal.get(n, g[n]) for n in wanted}, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FreshPlan(methods, helpers, data)
+
+
+def _rebuilt(fn: types.FunctionType, namespace: dict, defaults: tuple | None) -> types.FunctionType:
+    out = types.FunctionType(fn.__code__, namespace, fn.__name__, defaults, fn.__closure__)
+    out.__qualname__, out.__doc__, out.__kwdefaults__ = fn.__qualname__, fn.__doc__, copy.deepcopy(fn.__kwdefaults__)
+    out.__module__ = fn.__module__
     return out
 
 
 def fresh_class(class_name: str) -> type:
-    """BFCL's back-end class as a fresh process has it, for one episode or one check.
+    """A back-end class as a fresh process has it, for one episode or one check.
 
-    A default argument is one object for the whole process: post_tweet stores its `mentions` default in
-    the tweet, and mention() later extends it, so without this one episode's mentions would show up in
-    every later tweet posted without any. A class whose methods have mutable defaults gets a subclass of
-    its own whose methods start from fresh copies of them (shared by every call of the episode or check,
-    as in a fresh process); any other class is BFCL's own."""
+    Two things are one object for a whole process. A default argument: post_tweet stores its `mentions`
+    default in the tweet, and mention() later extends it, so one episode's mentions would show up in every
+    later tweet posted without any. Module data: TravelAPI puts long_context.py's credit cards into each
+    instance as they are, so one episode's booking would drain the balance every later episode sees. A
+    class whose methods read either gets a subclass of its own whose methods start from fresh copies (its
+    defaults as the source writes them, its module data as the source writes it), shared by everything of
+    the one episode or check, as in one fresh process (BFCL's checker gives the model's and the ground
+    truth's instances the same module data); any other class is the class itself."""
     cls = bfcl_class(class_name)
-    defaults = first_defaults(cls)
-    if not defaults:
+    plan = _fresh_plan(cls)
+    if not plan.methods:
         return cls
-    methods = {}
-    for name, values in defaults.items():
-        fn = getattr(cls, name)
-        methods[name] = types.FunctionType(fn.__code__, fn.__globals__, name, copy.deepcopy(values), fn.__closure__)
-        methods[name].__qualname__, methods[name].__doc__ = fn.__qualname__, fn.__doc__
-    # the same module and name as BFCL's class: it reads as that class everywhere (and shares its method list)
-    return type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__, **methods})
+    namespaces = {}
+    for module, blob in plan.data.items():  # one fresh namespace per module, its helpers rebuilt in it
+        namespace = dict(vars(importlib.import_module(module)))
+        namespace.update(pickle.loads(blob))
+        for name, fn in plan.helpers.get(module, {}).items():
+            namespace[name] = _rebuilt(fn, namespace, copy.deepcopy(fn.__defaults__))
+        namespaces[module] = namespace
+    defaults = first_defaults(cls)
+    methods = {
+        name: _rebuilt(
+            fn, namespaces.get(fn.__module__, fn.__globals__), copy.deepcopy(defaults.get(name, fn.__defaults__))
+        )
+        for name, fn in plan.methods.items()
+    }
+    # the same module and name as the class: it reads as that class everywhere (and shares its method list);
+    # pickled (the diagnoser copies back ends so), an instance comes back as one of this very class
+    key = f"{class_name}:{next(_FRESH_COUNT)}"
+    fresh = type(
+        cls.__name__,
+        (cls,),
+        {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__reduce_ex__": _reduce_fresh, **methods},
+    )
+    fresh._fresh_key = key
+    _FRESH_CLASSES[key] = fresh
+    return fresh
+
+
+_FRESH_CLASSES: weakref.WeakValueDictionary[str, type] = weakref.WeakValueDictionary()
+"""The fresh classes alive in this process, by key: how a pickled instance of one finds its class again."""
+_FRESH_COUNT = itertools.count()
+
+
+def _fresh_instance(key: str):
+    cls = _FRESH_CLASSES[key]
+    return cls.__new__(cls)
+
+
+def _reduce_fresh(self, protocol: int):
+    return _fresh_instance, (type(self)._fresh_key,), dict(vars(self))
+
+
+def restore_module_data(class_names) -> None:
+    """Put the module data those classes read back as a fresh process has it, in the modules themselves:
+    for code that runs the classes as they are (BFCL's own loop in the differential test)."""
+    for class_name in class_names:
+        for module, blob in _fresh_plan(bfcl_class(class_name)).data.items():
+            vars(importlib.import_module(module)).update(pickle.loads(blob))
 
 
 _METHOD_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}

@@ -34,6 +34,19 @@ def load_split(cfg: Config) -> dict[str, list[str]]:
     return {side: [i for i in ids if i.startswith(keep)] for side, ids in split.items()}
 
 
+def split_name(cfg: Config) -> str:
+    """Which split a run's numbers are on, in a few words (the report names it beside every table)."""
+    d = cfg.data
+    if d.source == "practice":
+        return f"practice sets, seed {d.split_seed}"
+    if d.source == "tasks":
+        return f"tasks file {d.tasks_file}"
+    if d.split_file:
+        release = " (the SEAL release's, exp/SEAL.yaml)" if d.split_file.endswith("seal_release.json") else ""
+        return f"split file {d.split_file}{release}"
+    return f"the kit's split by base-task index, seed {d.split_seed}"
+
+
 def tasks_for(ids: list[str], what: str, cfg: Config | None = None) -> list[Task]:
     """The tasks of ids (BFCL V3, practice, or a tasks world's: cfg's, or one loaded before); `what` names the
     option in the error on unknown ones."""
@@ -70,3 +83,27 @@ def pick(ids: list[str], limit: int) -> list[Task]:
         out += [v[k] for v in per_category.values() if k < len(v)]
         k += 1
     return out[:limit]
+
+
+def split_figures(splits: dict[str, dict[str, list[str]]]) -> dict:
+    """What each named BFCL split is and how they overlap: per split, its tasks per side, the base-task
+    indices with variants on both sides and the held-in tasks with a same-index twin in training (both 0
+    for a split made by index); per pair, the training ids they share."""
+
+    def index(task_id: str) -> int:
+        return int(task_id.rsplit("_", 1)[1])
+
+    out: dict = {"splits": {}, "shared_train": {}}
+    for name, split in splits.items():
+        train_idx = {index(i) for i in split["train"]}
+        out["splits"][name] = {
+            "train": len(split["train"]),
+            "eval": len(split["eval"]),
+            "indices_on_both_sides": len(train_idx & {index(i) for i in split["eval"]}),
+            "eval_with_train_twin": sum(index(i) in train_idx for i in split["eval"]),
+        }
+    names = list(splits)
+    for k, a in enumerate(names):
+        for b in names[k + 1 :]:
+            out["shared_train"][f"{a} / {b}"] = len(set(splits[a]["train"]) & set(splits[b]["train"]))
+    return out

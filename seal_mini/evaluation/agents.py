@@ -5,6 +5,7 @@ and every suite run their episodes through these.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -26,6 +27,12 @@ class ModelAgent:
         self.temperature = cfg.eval.temperature if temperature is None else temperature
         self.name = f"{cfg.model.name}{' + adapter' if adapter else ''}"
         self._adapter_hash = None
+
+    def with_config(self, cfg: Config) -> ModelAgent:
+        """The same agent (adapter, temperature, kind) playing under another config's limits."""
+        agent = copy.copy(self)
+        agent.cfg = cfg
+        return agent
 
     @property
     def adapter_hash(self) -> str | None:
@@ -53,7 +60,10 @@ class ModelAgent:
 
         with nullcontext() if self.adapter else self.policy.backbone():
             trajs = run_rollouts(self.policy, envs, self.cfg.rollout, self.temperature, self.cfg.seed, progress)
-        return [{"messages": t.messages, "truncated": t.truncated, "n_sampled": t.n_sampled} for t in trajs]
+        return [
+            {"messages": t.messages, "truncated": t.truncated, "n_cut": t.n_cut, "n_sampled": t.n_sampled}
+            for t in trajs
+        ]
 
 
 def sending(policy: Callable) -> Callable[[object], list[dict]]:

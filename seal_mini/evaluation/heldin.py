@@ -9,15 +9,17 @@ is seal_mini/programs/eval.py.
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, Config, ConfigError
+from seal_mini.config import CATEGORIES, EVAL_LIMITS, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.splits import split_name
 from seal_mini.envs.verifier import CHECKER_RAISED
-from seal_mini.evaluation.agents import eval_identity, play_in_pieces
+from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces
 from seal_mini.runio import read_json, resume_pieces, write_json, write_jsonl_gz
 
 CHUNK = 32
@@ -50,6 +52,9 @@ def evaluate(
     `source` says what made the policy (e.g. which adapter); pieces of a stopped evaluation are reused
     only by an evaluation with the same identity (eval_identity: policy, adapter, tasks, settings).
     Under torchrun each rank plays its share of every piece; rank 0 writes, every rank gets the result."""
+    cfg = heldin_config(cfg)
+    if isinstance(agent, ModelAgent):  # the held-in limits, not training's
+        agent = agent.with_config(cfg)
     out_dir = Path(out_dir)
     partial = out_dir / f"{tag}.partial"
     identity = eval_identity(agent, cfg, source, [t.id for t in tasks])
@@ -82,6 +87,13 @@ def evaluate(
         "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
         "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
         "label_counts": _label_counts(rows),
+        "split": split_name(cfg),
+        "limits": {k: getattr(cfg.rollout, k) for k in EVAL_LIMITS},
+        # episodes a token limit cut: a message cut short, or the episode ended (a first prompt over the limit
+        # included: never played), per category
+        "cut": {
+            c: sum(bool(r.get("truncated") or r.get("n_cut")) for r in rows if r["category"] == c) for c in CATEGORIES
+        },
         "checker_raised": sum(r["error_type"] == CHECKER_RAISED for r in rows),  # failed, the run went on
     }
     if is_main():
@@ -89,6 +101,16 @@ def evaluate(
         write_json(out_dir / f"{tag}.json", result)
         shutil.rmtree(partial)
     return result
+
+
+def heldin_config(cfg: Config) -> Config:
+    """A copy of cfg whose rollout limits are held-in evaluation's (eval.limits)."""
+    cfg = copy.deepcopy(cfg)
+    if cfg.eval.limits == "paper":
+        for key, value in EVAL_LIMITS.items():
+            setattr(cfg.rollout, key, value)
+        cfg.validate()
+    return cfg
 
 
 def play_tasks(agent, tasks: list[Task], progress=None) -> list[dict]:

@@ -22,11 +22,13 @@ from seal_mini.evaluation.suites import SUITES
 from seal_mini.runio import (
     atomic_write_bytes,
     atomic_write_text,
+    load_yaml,
     missing_outputs,
     names,
     read_json,
     read_jsonl_gz,
     read_metrics,
+    reading,
     run_lock,
     writer,
 )
@@ -46,6 +48,15 @@ def delta(after: float | None, before: float | None) -> str:
 
 REMOVE = "restore it, or delete it (the report then leaves it out)"
 """What to do about a damaged file the report reads; the run itself never reads these back."""
+
+
+PAPER_TABLE1 = {
+    "Qwen/Qwen2.5-3B-Instruct": (5.75, 9.25, 14.00),
+    "Qwen/Qwen2.5-7B-Instruct": (14.00, 30.75, 40.25),
+    "Team-ACE/ToolACE-2-Llama-3.1-8B": (32.00, 38.50, 46.75),
+}
+"""The paper's Table 1 (BFCL V3 multi-turn, mean of the four categories, %): backbone, vanilla RL, SEAL."""
+PAPER_SPLIT = "recipes/splits/seal_release.json, which data.split_file names in the recipes that reproduce a row"
 
 
 def check_run_dir(run_dir: Path) -> None:
@@ -72,6 +83,7 @@ def load_run(run_dir: Path) -> dict:
     return {
         "name": run_dir.name,
         "dir": run_dir,
+        "model": _model_name(run_dir),
         "metrics": read_metrics(run_dir),
         "evals": evals,
         "rounds": rounds,
@@ -79,6 +91,18 @@ def load_run(run_dir: Path) -> dict:
         "missing": missing,
         "writer": None if (held := writer(run_dir)) and held.get("pid") == os.getpid() else held,  # not our own
     }
+
+
+def _model_name(run_dir: Path) -> str:
+    """The backbone a run trained (its config.yaml), "" where it has none."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return ""
+    text = check_config_file(path)
+    with reading(path, REMOVE):
+        settings = load_yaml(text)
+    model = settings.get("model") if isinstance(settings, dict) else None
+    return str(model.get("name", "")) if isinstance(model, dict) else ""
 
 
 def caveats(runs: list[dict]) -> str:
@@ -112,8 +136,29 @@ def table_main(run: dict) -> str:
         lines.append(
             "| delta | " + " | ".join(delta(trained["success"].get(c), base["success"].get(c)) for c in COLUMNS)
         )
-    n = (trained or base)["n_tasks"]
-    return head + " |\n".join(lines) + " |\n\n" + f"Success rate (%), {n} held-in tasks, bare benchmark, greedy.\n"
+    model = run["model"]
+    if model in PAPER_TABLE1:  # the paper's Table 1 row for this backbone: its mean only
+        for row, value in zip(
+            ("paper: backbone", "paper: vanilla RL", "paper: SEAL"), PAPER_TABLE1[model], strict=True
+        ):
+            lines.append(f"| {row} | " + " | ".join(f"{value:.2f}" if c == "mean" else "" for c in COLUMNS))
+    result = trained or base
+    n, split, limits = result["n_tasks"], result.get("split", "not recorded"), result.get("limits")
+    cut = {c: k for c, k in result.get("cut", {}).items() if k}
+    notes = [f"Success rate (%), {n} held-in tasks ({split}), bare benchmark, greedy."]
+    if limits:
+        notes.append(
+            f"Token limits: prompt {limits['max_prompt_tokens']}, message {limits['max_new_tokens']}, "
+            f"response {limits['max_response_tokens']}, episode {limits['max_total_tokens']}; "
+            + (
+                f"episodes a limit cut (scored 0): {', '.join(f'{c} {k}' for c, k in cut.items())}."
+                if cut
+                else "none cut."
+            )
+        )
+    if model in PAPER_TABLE1:
+        notes.append(f"Paper rows: its Table 1, on the authors' split ({PAPER_SPLIT}).")
+    return head + " |\n".join(lines) + " |\n\n" + " ".join(notes) + "\n"
 
 
 def table_ood(run: dict) -> str:

@@ -37,7 +37,7 @@ def run_suite(suite: str, agent, cfg, out_dir, tag: str, source: str = "", progr
     Episodes run under the suite token limits (ood.max_*_tokens), not training's."""
     cfg = suite_config(cfg)
     if isinstance(agent, ModelAgent):
-        agent = ModelAgent(agent.policy, cfg, adapter=agent.adapter, temperature=agent.temperature)
+        agent = agent.with_config(cfg)
     return SUITES[suite].run(agent, cfg, out_dir, tag, source=source, progress=progress)
 
 

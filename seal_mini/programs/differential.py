@@ -54,6 +54,8 @@ from seal_mini.envs.harness import (
     bfcl_class,
     first_defaults,
     instance_name,
+    restore_module_data,
+    source_literals,
 )
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import format_call
@@ -113,9 +115,10 @@ def _installed(name: str) -> bool:
 @cache
 def reference_modules() -> SimpleNamespace:
     """bfcl-eval's eval_runner, Qwen handler and data loaders (see the module docstring)."""
-    if not _installed("overrides"):
-        raise ImportError(
-            "the differential check needs bfcl-eval's `overrides` package: pip install -r requirements-ood.txt"
+    if not _installed("overrides"):  # bfcl-eval's handlers need it; the kit's core does not
+        raise ConfigError(
+            "oracle --differential runs BFCL's own handler, which needs the `overrides` package: "
+            "pip install -r requirements-ood.txt (or `.venv/bin/pip install overrides`)"
         )
     missing = tuple(n for n in INFERENCE_ONLY_PACKAGES if not _installed(n))
     stubs = _Stubs(missing)
@@ -169,8 +172,8 @@ def _handler():
 
 
 def _fresh_process() -> None:
-    """What a new process has: no cached instances, and every back-end default argument as first seen
-    (BFCL's inference and its scoring are separate runs)."""
+    """What a new process has: no cached instances, every back-end default argument and module data as
+    the source writes them (BFCL's inference and its scoring are separate runs)."""
     cache = vars(reference_modules().multi_turn_utils)
     for key in [k for k in cache if k.startswith(INSTANCE_PREFIX + "_")]:  # the checker's names start so too
         del cache[key]
@@ -178,6 +181,7 @@ def _fresh_process() -> None:
         cls = bfcl_class(class_name)
         for name, defaults in first_defaults(cls).items():
             getattr(cls, name).__defaults__ = copy.deepcopy(defaults)
+    restore_module_data(V3_CLASSES)  # BFCL's TravelAPI drains long_context.py's shared card balances
 
 
 @dataclass
@@ -231,22 +235,30 @@ def kit_verdict(task: Task, script: Script) -> Played:
     from seal_mini.envs.verifier import check_episode
 
     env = Episode(task)
+    prompts = play_script(env, script, lambda messages, tools: bfcl_text(messages, tools, add_generation_prompt=True))
+    verdict = check_episode(env)
+    return Played(verdict.reward == 1.0, verdict.error_type, prompts)
+
+
+def play_script(env, script: Script, prompt: Callable | None = None) -> list:
+    """Send a script's messages turn by turn ("Done." where a turn's run out); returns prompt(messages,
+    tools) of every query (nothing without `prompt`)."""
     messages, tools = env.reset()
     prompts = []
-    for k in range(len(task.turns)):
+    for k in range(len(env.task.turns)):
         if env.done:
             break
         sent = 0
         while True:
             text = script[k][sent] if sent < len(script[k]) else DONE_TEXT
             sent += 1
-            prompts.append(bfcl_text(messages, tools, add_generation_prompt=True))
+            if prompt is not None:
+                prompts.append(prompt(messages, tools))
             result = env.step(text)
             messages += [{"role": "assistant", "content": text}, *result.observation]
             if result.turn_done:
                 break
-    verdict = check_episode(env)
-    return Played(verdict.reward == 1.0, verdict.error_type, prompts)
+    return prompts
 
 
 # --- the battery ----------------------------------------------------------------------------------------
@@ -656,7 +668,52 @@ def _grow_shared_default() -> None:
     diagnose(episode, check_episode(episode))
 
 
-BEFORE_KIT: dict[str, Callable[[], None]] = {"explicit_empty_lists_after_shared_default_grew": _grow_shared_default}
+LONG_CONTEXT = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.long_context"
+
+
+def _card_booking(task, gt, rng):
+    """A flight booked on one of long_context.py's credit cards before a turn's calls. TravelAPI puts those
+    cards into its instances as they are: BFCL's scorer gives the model's and the ground truth's instances
+    the same card objects, so the model's booking drains the balance the ground truth's bookings then meet."""
+    if not task.long_context or "TravelAPI" not in task.involved_classes:
+        return None
+    token = task.initial_config.get("TravelAPI", {}).get("access_token")
+    k = next(iter(_turns_with(gt)), None)
+    if token is None or k is None:
+        return None
+    booking = {
+        "access_token": token,
+        "card_id": rng.choice(sorted(source_literals(LONG_CONTEXT)["CREDIT_CARD_EXTENSION"])),
+        "travel_date": "2026-12-25",
+        "travel_from": "SFO",
+        "travel_to": "LAX",
+        "travel_class": rng.choice(["economy", "business", "first"]),
+    }
+    return _script(gt, k, [_message([("book_flight", booking), *gt[k]])])
+
+
+def _drain_shared_card() -> None:
+    """An episode (played, checked, diagnosed) that books first-class flights on a long_context.py card: in
+    a process whose back ends shared those cards, later episodes would meet a drained balance."""
+    from seal_mini.core.diagnose import diagnose
+    from seal_mini.envs.bfcl import tasks_by_id
+    from seal_mini.envs.episode import Episode
+    from seal_mini.envs.scripted import play
+    from seal_mini.envs.verifier import check_episode
+
+    task = tasks_by_id(["long_context"])["multi_turn_long_context_198"]
+    token = task.initial_config["TravelAPI"]["access_token"]
+    booking = {"access_token": token, "card_id": "1234567812345678", "travel_date": "2026-12-25"}
+    booking |= {"travel_from": "SFO", "travel_to": "LAX", "travel_class": "first"}
+    episode = Episode(task)
+    play(episode, [[("book_flight", booking)] * 3] + [[] for _ in task.turns[1:]])
+    diagnose(episode, check_episode(episode))
+
+
+BEFORE_KIT: dict[str, Callable[[], None]] = {
+    "explicit_empty_lists_after_shared_default_grew": _grow_shared_default,
+    "card_booking_after_a_card_was_drained": _drain_shared_card,
+}
 """Kinds whose kit side first plays another episode in the same process (the reference is a fresh process)."""
 
 PERTURBATIONS: dict[str, Callable] = {
@@ -699,6 +756,8 @@ PERTURBATIONS: dict[str, Callable] = {
     "code_in_key": _edit_call(_code_in_key),
     "call_through_instance_name": _edit_call(_through_own_instance),
     "checker_instance_attribute": _checker_instance,
+    "long_context_card_booking": _card_booking,
+    "card_booking_after_a_card_was_drained": _card_booking,
 }
 REFUSAL_KINDS = ("python_builtin", "costly_math_call", "code_in_name", "code_in_key", "call_through_instance_name")
 """Kinds with a call the kit refuses on purpose (it never eval()s model text, and runs nothing that could
@@ -718,6 +777,8 @@ CI_KINDS = (
     "large_integer",  # a number is a number
     "explicit_empty_lists_after_shared_default_grew",  # no back-end state survives an episode
     "mention_own_default_post",  # within a check the model's and the ground truth's back ends share defaults
+    "long_context_card_booking",  # ... and module data (long_context.py's cards), which no episode may drain
+    "card_booking_after_a_card_was_drained",
 )
 """The kinds the test suite plays over all 800 tasks (the command plays all of them)."""
 
@@ -805,6 +866,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    reference_modules()  # a missing package is one line now, not a traceback after the first task
     result = run_differential(args.kinds, args.categories, args.limit, args.seed)
     print_report(result)
     print(json.dumps(result))

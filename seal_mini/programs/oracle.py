@@ -5,7 +5,8 @@
 That shows the environment and the verifier agree with the benchmark before any model is involved.
 `oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py), and
 `oracle --recipe RECIPE [key=value ...]` over a recipe's split (e.g. a tasks world of your own).
-`python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
+`oracle --splits [FILE ...]` compares BFCL splits: the kit's seeded one, the SEAL release's two (shipped in
+recipes/splits/) and any split files given. `python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
 perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
 agree on every one (seal_mini.programs.differential).
 """
@@ -58,11 +59,38 @@ def recipe_tasks(recipe: str, overrides: list[str] = ()) -> list[Task]:
     return pick(split["train"] + split["eval"], 0)
 
 
+RELEASE_SPLITS = ("recipes/splits/seal_release.json", "recipes/splits/seal_release_400_split.json")
+"""The SEAL release's two splits of BFCL V3 (ids, source and licence in each file)."""
+
+
+def compare_splits(files: list[str], seed: int = 0) -> dict:
+    """split_figures of the kit's seeded split (data.split_seed `seed`), the release's two and `files`."""
+    from pathlib import Path
+
+    from seal_mini.envs.bfcl import make_split, read_split_file
+    from seal_mini.envs.splits import split_figures
+
+    named = {f"kit seed {seed}": make_split(seed=seed)}
+    named.update({Path(f).stem: read_split_file(f) for f in [*RELEASE_SPLITS, *files]})
+    return split_figures(named)
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--differential"]:
         from seal_mini.programs import differential
 
         return differential.main(argv[1:])
+    if argv[:1] == ["--splits"]:
+        result = compare_splits(argv[1:])
+        for name, f in result["splits"].items():
+            print(
+                f"{name}: {f['train']} train / {f['eval']} held-in; base indices with variants on both sides "
+                f"{f['indices_on_both_sides']}; held-in tasks with a same-index twin in training {f['eval_with_train_twin']}"
+            )
+        for pair, n in result["shared_train"].items():
+            print(f"{pair}: {n} training ids shared")
+        print(json.dumps(result))
+        return 0
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m seal_mini oracle", description=__doc__.split("\n")[0])

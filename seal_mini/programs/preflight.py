@@ -132,8 +132,12 @@ def architecture(cfg: Config, shrink: bool) -> dict:
     if shrink:
         heads = 4
         kv_heads = 2 if shape.get("num_key_value_heads", heads) < shape.get("num_attention_heads", heads) else heads
+        kinds = list(dict.fromkeys(shape.get("layer_types") or []))  # a folder saved by transformers 5 lists them
+        layers = max(2, len(kinds))
+        if kinds:  # one layer of each kind at least (a hybrid model keeps its linear and its full attention)
+            shape["layer_types"] = (kinds * layers)[:layers]
         shape.update(
-            num_hidden_layers=2,
+            num_hidden_layers=layers,
             hidden_size=128,
             intermediate_size=256,
             num_attention_heads=heads,
