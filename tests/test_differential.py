@@ -6,6 +6,7 @@ must the prompt of every model query. `python -m seal_mini oracle --differential
 (PERTURBATIONS); it takes about four times as long.
 """
 
+import copy
 import hashlib
 import json
 import random
@@ -21,10 +22,12 @@ from seal_mini.engine.sequences import Sequences
 from seal_mini.engine.tiny import tiny_tokenizer
 from seal_mini.envs.bfcl import load_tasks, tasks_by_id
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import QWEN_FC, TOOLACE
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.programs.differential import (
     CI_KINDS,
+    KINDS,
     PERTURBATIONS,
     REFUSAL_KINDS,
     bfcl_verdict,
@@ -183,14 +186,14 @@ def test_a_message_bfcls_prompt_cannot_write_back_fails_the_entry_at_the_next_qu
             assert valid or played.error_type == "multi_turn:inference_error"
 
 
-def _engine_prompts(task, script, renderer) -> tuple[list[list[int]], object]:
+def _engine_prompts(task, script, renderer, protocol=QWEN_FC) -> tuple[list[list[int]], object]:
     """The token ids the rollout engine's bookkeeping lays down before each model query of a scripted
     episode (the scripted messages stand in for sampled tokens), and its trajectory."""
     limit = 1_000_000
     cfg = RolloutConfig(
         max_new_tokens=limit, max_prompt_tokens=limit, max_response_tokens=limit, max_total_tokens=limit
     )
-    sequences, env = Sequences(renderer, cfg), Episode(task)
+    sequences, env = Sequences(renderer, cfg), Episode(task, protocol=protocol)
     live = sequences.start(0, env, seed=0)
     prompts = []
     for k in range(len(task.turns)):
@@ -238,7 +241,9 @@ def test_bad_options_are_one_line_naming_the_option(capsys):
     from seal_mini.__main__ import main
 
     assert main(["oracle", "--differential", "--kinds", "bogus"]) == 2
-    assert "error: --kinds: unknown perturbation kinds ['bogus']; known: ground_truth" in capsys.readouterr().err
+    assert "error: --kinds: no kinds ['bogus'] for qwen_fc; its kinds: ground_truth" in capsys.readouterr().err
+    assert main(["oracle", "--differential", "--protocol", "llama_prompt", "--kinds", "one_line_tags"]) == 2
+    assert "no kinds ['one_line_tags'] for llama_prompt" in capsys.readouterr().err
 
 
 def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):
@@ -265,3 +270,59 @@ def test_without_the_optional_extra_the_command_says_what_to_install(capsys, mon
         differential.reference_modules.cache_clear()
     err = capsys.readouterr().err
     assert "Traceback" not in err and "pip install -r requirements-ood.txt" in err
+
+
+# --- BFCL's LlamaHandler (ToolACE-2): a Python call list, BFCL's own system prompt -------------------------
+
+LLAMA_CI_KINDS = (
+    "ground_truth",
+    "ground_truth_stepwise",
+    "dropped_call",
+    "wrong_value",
+    "withheld_before_reveal",
+    "step_limit_in_last_turn",
+    "method_name_in_string",  # the checker's names are ToolACE's, not Qwen's
+    "checker_instance_attribute",
+    *(k for k in KINDS["llama_prompt"] if k.startswith("call_list_") and k not in REFUSAL_KINDS),
+)
+
+
+def test_kit_and_bfcl_agree_on_the_llama_protocol_of_toolace():
+    """The first 25 tasks of each category under BFCL's LlamaHandler: every verdict and every prompt (the
+    command plays all 800: `oracle --differential --protocol llama_prompt`)."""
+    result = run_differential(LLAMA_CI_KINDS, limit=25, protocol="llama_prompt")["kinds"]
+    for kind, tally in result.items():
+        assert tally["episodes"] > (1 if kind in ("call_list_tuples_for_lists", "call_list_unary_plus") else 10), kind
+        assert tally["agree"] == tally["episodes"], (kind, tally["disagreements"])
+        assert tally["same_prompts"] == tally["episodes"], (kind, tally["prompt_differences"])
+    assert result["ground_truth"]["bfcl_passed"] == 100
+    # not vacuous: BFCL's decoder drops a positional argument, ends the turn on prose, reads +N as -N
+    assert result["call_list_positional_argument"]["bfcl_passed"] < result["call_list_positional_argument"]["episodes"]
+    assert result["call_list_with_prose"]["bfcl_passed"] == result["call_list_unary_plus"]["bfcl_passed"] == 0
+    assert result["call_list_without_brackets"]["bfcl_passed"] == result["call_list_without_brackets"]["episodes"]
+    # the operation the kit does not evaluate: BFCL runs the call, the kit's turn ends
+    refused = run_differential(["call_list_operation"], limit=8, protocol="llama_prompt")["kinds"][
+        "call_list_operation"
+    ]
+    assert refused["episodes"] > 0 and refused["kit_passed"] == 0 and refused["bfcl_passed"] == refused["episodes"]
+
+
+def llama_tokenizer():
+    """The tiny tokenizer with Llama 3's special tokens (ToolACE-2's cannot be downloaded here; equal texts
+    give equal ids whatever the tokenizer)."""
+    tokenizer = copy.deepcopy(tiny_tokenizer())
+    specials = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    return tokenizer
+
+
+@pytest.mark.parametrize("category", ["base", "miss_func", "long_context"])
+def test_the_engine_lays_down_bfcls_llama_prompt_token_for_token(category):
+    renderer = ChatRenderer(llama_tokenizer(), "bfcl_llama")
+    assert renderer.close_text == "<|eot_id|>"
+    for task in load_tasks([category])[::50]:
+        script = [[TOOLACE.write(calls)] if calls else [] for calls in ground_truth_turns(task)]
+        kit, trajectory = _engine_prompts(task, script, renderer, TOOLACE)
+        bfcl = [renderer.encode(p) for p in bfcl_verdict(task, script, TOOLACE).prompts]
+        assert kit == bfcl and trajectory.exact, task.id
+        assert any(trajectory.env.checker_input()) and kit_verdict(task, script, TOOLACE).valid

@@ -183,7 +183,7 @@ def test_on_shows_no_ground_truth_value_the_bare_env_did_not(train_tasks):
     assert changed >= 400 * 2
 
 
-def _leaky_feedback(event, schema):
+def _leaky_feedback(event, schema, protocol=None):
     """A cue that breaks the rule: it repeats the failed call's arguments back."""
     return "Feedback: you passed " + json.dumps(event.arguments)
 
@@ -523,3 +523,26 @@ def test_wrapper_passes_the_episode_api_through(train_tasks):
     assert wrapped.checker_input() == wrapped.env.checker_input()
     with pytest.raises(AttributeError):
         wrapped._private  # noqa: B018
+
+
+def test_a_model_that_answers_in_python_call_lists_gets_cues_in_its_own_format():
+    """Under BFCL's LlamaHandler (ToolACE-2) the schema note, the retry of an unreadable message and its
+    feedback speak of Python call lists; the <tool_call> texts would teach a format the benchmark never reads."""
+    from seal_mini.envs.harness import TOOLACE
+
+    task = tasks_by_id()["multi_turn_base_0"]
+    env = Interface(Episode(task, protocol=TOOLACE), InterfaceState(True, True, True, []))
+    messages, _ = env.reset()
+    assert omega.PYTHON_CALLS[0] in messages[0]["content"] and "<tool_call>" not in messages[0]["content"]
+    retried = env.step("I will call cd(folder='document') now.")  # prose: BFCL's decoder reads nothing
+    assert retried.retried and not retried.turn_done
+    assert (
+        "SyntaxError" in retried.observation[0]["content"]
+        and omega.PYTHON_CALLS[1] in retried.observation[0]["content"]
+    )
+    result = env.step("[cd(folder='document')]")
+    assert json.loads(result.observation[0]["content"]) == {"current_working_directory": "document"}
+    # the same message under the Qwen FC handler is an answer in words: it ends the turn
+    bare = Episode(task)
+    bare.reset()
+    assert bare.step("[cd(folder='document')]").turn_done

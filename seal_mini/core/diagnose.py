@@ -431,9 +431,9 @@ class _ModelReplay:
     """The model's back ends rebuilt from its recorded calls (run as the episode ran them), so that the
     ground truth can be replayed from the state the model actually had, private state included."""
 
-    def __init__(self, task: Task, records: list[TurnRecord]):
+    def __init__(self, task: Task, records: list[TurnRecord], prefix: str = INSTANCE_PREFIX):
         self.instances = new_instances(task)
-        self.scope = {instance_name(INSTANCE_PREFIX, task.id, c): i for c, i in self.instances.items()}
+        self.scope = {instance_name(prefix, task.id, c): i for c, i in self.instances.items()}
         self.owners = method_owners(self.scope)
         for record in records:
             self.advance(record)
@@ -479,7 +479,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
         touched = {ref.owners.get(e.name) for e in executed}
         from_model_state = not all(same.values()) or any(z not in ("pass", "correct_abstention") for _, z, _ in out)
         if from_model_state and model_after is not None:
-            replay = replay or _ModelReplay(task, records[:k])
+            replay = replay or _ModelReplay(task, records[:k], _protocol(episode).instance_prefix)
             ref_after, ref_outputs = replay.reference_turn(ref.calls[k])
             candidates = touched | {ref.owners[name] for name, _ in ref.calls[k]}
             replay.advance(record)
@@ -508,6 +508,13 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
         )
         out.append((ev, *label_turn(ev)))
     return out
+
+
+def _protocol(episode):
+    """The BFCL handler an episode followed (its instance names), the Qwen FC one for a record without."""
+    from seal_mini.envs.harness import QWEN_FC
+
+    return getattr(episode, "protocol", QWEN_FC)
 
 
 def evidence(episode) -> list[TurnEvidence]:

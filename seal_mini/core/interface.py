@@ -27,7 +27,7 @@ from seal_mini.config import ConfigError, InterfaceConfig
 from seal_mini.engine.render import KEEP_DEFAULT_SYSTEM
 from seal_mini.envs.bfcl import to_chat_tool
 from seal_mini.envs.episode import CallEvent, Episode, StepResult
-from seal_mini.envs.harness import decode, unread_blocks
+from seal_mini.envs.harness import QWEN_FC, Protocol, unread_blocks
 from seal_mini.labels import REGISTRY, require_labels
 
 # --- LEARNER EDIT POINT: the cue texts ------------------------------------------------------------
@@ -42,6 +42,16 @@ SCHEMA_NOTE = (
     "Call only the tools listed; never invent a tool or a parameter. Parameters marked [required] must "
     "always be given, with values of the type shown."
 )
+PYTHON_CALLS = (
+    "How to call a tool: answer with one Python list of calls, [tool_name(parameter=value, ...), ...], every "
+    "argument given by its parameter name and written as a Python literal; nothing else in the message. "
+    "Call only the tools listed; never invent a tool or a parameter. Parameters marked [required] must "
+    "always be given, with values of the type shown.",
+    "a message that calls tools must be one Python list of calls, [tool_name(parameter=value, ...)], "
+    "arguments by name, values as Python literals, with nothing else in the message",
+)
+"""The schema note and the unreadable-call constraint for models that answer as BFCL's LlamaHandler reads
+(ToolACE-2: model.tool_format bfcl_llama); SCHEMA_NOTE and ERROR_CLASSES["parse"] are the <tool_call> ones."""
 PARAM_MARK = "[{presence}; {type}]"
 ENUM_MARK = "[{presence}; {type}; one of: {values}]"
 
@@ -263,9 +273,10 @@ def annotate_tool(tool: dict) -> dict:
     return tool
 
 
-def system_text(state: InterfaceState) -> str:
-    """The system note of an interface state (empty when neither schema cues nor guidelines are on)."""
-    parts = [SCHEMA_NOTE] if state.schema_cues else []
+def system_text(state: InterfaceState, protocol: Protocol = QWEN_FC) -> str:
+    """The system note of an interface state (empty when neither schema cues nor guidelines are on), for a
+    model that writes calls as `protocol`'s handler reads them."""
+    parts = [SCHEMA_NOTE if protocol is QWEN_FC else PYTHON_CALLS[0]] if state.schema_cues else []
     if state.guidelines:
         parts.append("\n".join([GUIDELINES_HEADER] + [f"- {GUIDELINES[g][1]}" for g in state.guidelines]))
     return "\n\n".join(parts)
@@ -284,10 +295,12 @@ def error_class(event: CallEvent) -> str:
     return next((cls for cls, pattern in EXECUTION_CLASSES if re.search(pattern, text)), "execution")
 
 
-def feedback(event: CallEvent, schema: dict | None) -> str:
+def feedback(event: CallEvent, schema: dict | None, protocol: Protocol = QWEN_FC) -> str:
     """phi_err: one line naming the error class and the violated constraint (schema facts only)."""
     cls = error_class(event)
     name, constraint = ERROR_CLASSES[cls]
+    if cls == "parse" and protocol is not QWEN_FC:
+        constraint = PYTHON_CALLS[1]
     params = schema.get("properties", {}) if schema else {}
     required = [p for p in (schema or {}).get("required", []) if p not in (event.arguments or {})]
     fields = {
@@ -313,10 +326,10 @@ def _with_system(messages: list[dict], text: str) -> list[dict]:
 # --- the wrapper ------------------------------------------------------------------------------------
 
 
-def _unreadable(text: str | bytes) -> list[tuple[str | None, str]]:
-    """(name, problem) of each <tool_call> block BFCL cannot read, when the message has no call it can read
+def _unreadable(text: str | bytes, protocol: Protocol) -> list[tuple[str | None, str]]:
+    """(name, problem) of each call BFCL's handler cannot read, when the message has no call it can read
     (BFCL ends the turn on it); [] otherwise."""
-    decoded = decode(text)
+    decoded = protocol.decode(text)
     return unread_blocks(decoded) if decoded.ends_turn else []
 
 
@@ -326,6 +339,7 @@ class Interface:
     def __init__(self, episode: Episode, state: InterfaceState):
         self.env = episode
         self.state = state
+        self.protocol = getattr(episode, "protocol", QWEN_FC)
         self.errors_rewritten = 0
         """Error observations phi_err rewrote in this episode (for the round's metrics)."""
 
@@ -335,7 +349,7 @@ class Interface:
         self.errors_rewritten = 0
         if self.state.schema_cues:
             tools = [annotate_tool(t) for t in tools]
-        text = system_text(self.state)
+        text = system_text(self.state, self.protocol)
         if text:
             messages = _with_system(messages, text)
         return messages, tools
@@ -344,7 +358,7 @@ class Interface:
         """The bare step, except that with parse_retry a message whose calls cannot be read at all goes back
         to the model with the error instead of ending the turn (BFCL ends it); errors get feedback, tools
         revealed later get the schema marks."""
-        if self.state.parse_retry and not self.env.done and (unread := _unreadable(text)):
+        if self.state.parse_retry and not self.env.done and (unread := _unreadable(text, self.protocol)):
             result = self.env.send_back(unread, "Error: " + "; ".join(problem for _, problem in unread))
         else:
             result = self.env.step(text)
@@ -385,15 +399,21 @@ class Interface:
         for i, event in enumerate(called):
             if event.error_kind is not None:
                 assert observation[i]["role"] == "tool", "observation does not line up with the call events"
-                observation[i]["content"] = f"{observation[i]['content']}\n{feedback(event, self._schema(event.name))}"
+                observation[i]["content"] = (
+                    f"{observation[i]['content']}\n{feedback(event, self._schema(event.name), self.protocol)}"
+                )
                 self.errors_rewritten += 1
         if not unread or result.turn_done:
             return
         if not called:  # the episode let the model retry: one error message for the whole message
-            observation[0]["content"] = f"{observation[0]['content']}\n{feedback(unread[0], None)}"
+            observation[0]["content"] = f"{observation[0]['content']}\n{feedback(unread[0], None, self.protocol)}"
         else:
             extra = [
-                {"role": "tool", "name": e.name or "", "content": f"Error: {e.error}\n{feedback(e, None)}"}
+                {
+                    "role": "tool",
+                    "name": e.name or "",
+                    "content": f"Error: {e.error}\n{feedback(e, None, self.protocol)}",
+                }
                 for e in unread
             ]
             observation[len(called) : len(called)] = extra

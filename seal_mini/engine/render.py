@@ -1,10 +1,12 @@
 """Messages -> text -> token ids, through BFCL's Qwen handler or the tokenizer's own chat template.
 
-Three ways to write the prompt (`model.tool_format`):
+Four ways to write the prompt (`model.tool_format`):
   bfcl:     BFCL's Qwen FC handler writes it, with its own code (QwenFCHandler._format_prompt, see
             seal_mini.envs.harness.bfcl_prompt): what BFCL shows a Qwen model, token for token, given
             the same messages (no default system text, tools as BFCL's docs, assistant messages as
             BFCL's chat history keeps them). Needs a ChatML tokenizer.
+  bfcl_llama: BFCL's LlamaHandler writes it (its system prompt with the tools, then Llama 3's headers;
+            seal_mini.envs.harness.llama_prompt): what BFCL shows ToolACE-2-8B. Needs a Llama 3 tokenizer.
   template: the template renders them (`apply_chat_template(tools=...)`, as Qwen2.5, Llama 3.1 and
             ToolACE do);
   prompt:   for templates without tool support, seal_mini writes the tool block into the system
@@ -57,6 +59,13 @@ class TemplateError(ConfigError):
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 """How BFCL's Qwen handler ends every prompt."""
+LLAMA_GENERATION_PROMPT = "<|start_header_id|>assistant<|end_header_id|>\n\n"
+"""How BFCL's LlamaHandler ends every prompt."""
+SPECIAL_TOKENS = {
+    "bfcl": ("<|im_start|>", "<|im_end|>"),
+    "bfcl_llama": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+}
+"""What a tokenizer must hold as single tokens for BFCL's prompts."""
 
 
 def chat_tool(tool: dict) -> dict:
@@ -79,6 +88,15 @@ def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bo
     role = next_role or ("user" if decode(messages[-1]["content"]).ends_turn else "tool")
     text = bfcl_prompt([*messages, {"role": role, "content": _MARKER}], tools)
     return text[: text.rindex("<|im_start|>user\n" + ("<tool_response>\n" if role == "tool" else "") + _MARKER)]
+
+
+def llama_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:
+    """BFCL's LlamaHandler prompt for a conversation; without the generation prompt, the text up to where the
+    next message begins (the handler writes a message the same whatever follows it)."""
+    from seal_mini.envs.harness import llama_prompt
+
+    text = llama_prompt(messages, tools)
+    return text if add_generation_prompt else text.removesuffix(LLAMA_GENERATION_PROMPT)
 
 
 # --- LEARNER EDIT POINT: the tool block of prompt mode -------------------------------------------
@@ -129,12 +147,13 @@ class ChatRenderer:
 
     def __init__(self, tokenizer, tool_format: str = "template", extra_stop_ids: tuple[int, ...] = ()):
         template = tokenizer.chat_template
-        if tool_format == "bfcl":
-            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("<|im_start|>", "<|im_end|>")]
+        if tool_format in SPECIAL_TOKENS:
+            ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in SPECIAL_TOKENS[tool_format]]
             if any(len(i) != 1 for i in ids):
                 raise TemplateError(
-                    "model.tool_format=bfcl writes BFCL's Qwen prompt, which needs a ChatML tokenizer "
-                    "(<|im_start|> and <|im_end|> as tokens); set model.tool_format=template or prompt"
+                    f"model.tool_format={tool_format} writes BFCL's prompt for "
+                    f"{'Qwen' if tool_format == 'bfcl' else 'ToolACE-2 (Llama 3)'}, which needs "
+                    f"{' '.join(SPECIAL_TOKENS[tool_format])} as tokens; set model.tool_format=template or prompt"
                 )
         elif not isinstance(template, str) or not template:
             raise TemplateError(
@@ -171,7 +190,7 @@ class ChatRenderer:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_ids = frozenset(stops)
-        bfcl = tool_format == "bfcl"  # BFCL's Qwen prompt has no default system text
+        bfcl = tool_format in SPECIAL_TOKENS  # BFCL's prompts have no default system text
         self.default_system = {False: "" if bfcl else self._default_system(None)}
         """The template's default system text, without tools (False) and with them (True); "" if none."""
         if tool_format != "prompt":  # prompt mode never hands the template any tools
@@ -181,6 +200,8 @@ class ChatRenderer:
         """The conversation as the model sees it (written as tool_format says)."""
         if self.tool_format == "bfcl":
             return bfcl_text(messages, tools, add_generation_prompt)
+        if self.tool_format == "bfcl_llama":
+            return llama_text(messages, tools, add_generation_prompt)
         tools = [chat_tool(t) for t in tools or []]
         if self.tool_format == "prompt":
             messages, tools = to_prompt_mode(messages, tools), None

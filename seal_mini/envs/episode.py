@@ -2,7 +2,8 @@
 
 One `Episode` per rollout. `reset` builds fresh back-end instances from a deep copy of the task's
 initial state. `step` takes one assistant message and does what BFCL's inference loop does with it
-(seal_mini.envs.harness has the details): it decodes the message with BFCL's Qwen handler; a message
+(seal_mini.envs.harness has the details): it decodes the message with BFCL's handler for the model (its
+`protocol`: the Qwen FC handler's <tool_call> JSON, or for ToolACE-2 the LlamaHandler's Python call list); a message
 that fails to decode or decodes to no call ends the user turn and the next one follows; otherwise every
 decoded call runs with BFCL's executor semantics and its result (a back-end error included) comes back
 as an observation. More than 20 tool-calling messages in one user turn end the episode (BFCL's force
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, Task, to_chat_tool
 from seal_mini.envs.harness import (
     INSTANCE_PREFIX,
-    decode,
+    QWEN_FC,
+    Protocol,
     format_output,
     fresh_class,
     instance_name,
@@ -154,10 +156,14 @@ def render_new_tools(docs: list[dict]) -> str:
 class Episode:
     """One BFCL multi-turn episode. Construct, then `reset()`, then `step(text)` until `done`."""
 
-    def __init__(self, task: Task, max_calls_per_turn: int = 20, max_calls_per_episode: int = 0):
+    def __init__(
+        self, task: Task, max_calls_per_turn: int = 20, max_calls_per_episode: int = 0, protocol: Protocol = QWEN_FC
+    ):
         self.task = task
         self.max_calls_per_turn = max_calls_per_turn
         self.max_calls_per_episode = max_calls_per_episode
+        self.protocol = protocol
+        """The BFCL handler whose decoding and instance names this episode follows (harness.PROTOCOLS)."""
 
     # -- the gym-like contract ---------------------------------------------------------------------
 
@@ -167,7 +173,8 @@ class Episode:
         self.instances = new_instances(self.task)
         self.methods = public_methods(self.instances)
         # BFCL's executor knows each instance by a global name and maps every public method to it
-        self.scope = {instance_name(INSTANCE_PREFIX, self.task.id, c): i for c, i in self.instances.items()}
+        prefix = self.protocol.instance_prefix
+        self.scope = {instance_name(prefix, self.task.id, c): i for c, i in self.instances.items()}
         self.owners = method_owners(self.scope)
         self.offered = {d["name"]: to_chat_tool(d) for d in self.task.tools}
         self.later = {d["name"]: to_chat_tool(d) for docs in self.task.held_out.values() for d in docs}
@@ -187,7 +194,7 @@ class Episode:
             raise RuntimeError("step() after the episode ended; call reset()")
         turn = self.turns[-1]
         result = self._step(turn, text)
-        if not self.done and unwritable(text):
+        if not self.done and self.protocol is QWEN_FC and unwritable(text):
             # BFCL's chat history keeps this message's calls as its decoder found them, and its prompt
             # cannot write one of them: its loop stops the entry with an error at the next query, which
             # its scorer fails (a message with no later query does no harm)
@@ -213,7 +220,7 @@ class Episode:
     def _step(self, turn: TurnRecord, text: str | bytes) -> StepResult:
         step_index = turn.messages
         turn.messages += 1
-        decoded = decode(text)
+        decoded = self.protocol.decode(text)
         unread = [CallEvent(step_index, name, None, "parse", problem) for name, problem in unread_blocks(decoded)]
         if decoded.ends_turn:
             turn.events += unread

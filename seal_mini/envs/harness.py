@@ -1,5 +1,9 @@
 """BFCL's multi-turn harness as seal_mini plays it: decode a model message, run the decoded calls.
 
+Two BFCL handlers are played (`Protocol`, PROTOCOLS): the Qwen FC handler's, described below, and the
+LlamaHandler BFCL's registry runs ToolACE-2-8B with (`decode_python`, `llama_prompt`: a Python list of calls,
+BFCL's own system prompt, compiled from its source with eval() refused). Running the calls is the same for both.
+
 The held-in score must be what BFCL's own inference loop and scorer give for the same model output
 (bfcl-eval 2026.3.23, the Qwen / Hermes `<tool_call>` format). Both halves follow BFCL step for step.
 
@@ -55,6 +59,7 @@ import math
 import pickle
 import re
 import types
+import typing
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -72,12 +77,57 @@ INSTANCE_PREFIX = BFCL_MODEL.replace("/", "_").replace("-", "_").replace(".", "_
 CHECKER_MODEL = f"{BFCL_MODEL}-FC".replace("/", "_")
 """The scorer's model name (eval_runner's: the registry name, "/" written "_"): the checker's instances."""
 QWEN_HANDLER = "model_handler/local_inference/qwen_fc.py"
+LLAMA_HANDLER = "model_handler/local_inference/llama.py"
 HANDLER_UTILS = "model_handler/utils.py"
 BLOCKED_NAMES = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 """Names BFCL's executor refuses before eval (the list in execute_multi_turn_func_call)."""
 REFUSED_CALL = "seal_mini_refused_call()"
 """What the checker gets in place of a refused call: a name defined nowhere, so BFCL's eval stops with
 a NameError, as for any unknown tool; no state changes and its output matches no reference output."""
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How BFCL plays one model: the handler whose prompt and decoder an episode follows, and the names its
+    executor and scorer give the back-end instances (BFCL writes them into strings that mention a method)."""
+
+    name: str
+    model: str
+    """The model BFCL runs with this handler (its handler's model_name)."""
+    registry: str
+    """Its name in BFCL's registry, which the scorer runs under."""
+
+    @property
+    def instance_prefix(self) -> str:
+        """The inference loop's name for the model (model_name_underline_replaced): the episode's instances."""
+        return self.model.replace("/", "_").replace("-", "_").replace(".", "_")
+
+    @property
+    def checker_model(self) -> str:
+        """The scorer's name for the model (eval_runner's: "/" written "_"): the checker's instances."""
+        return self.registry.replace("/", "_")
+
+    def decode(self, text: str | bytes) -> Decoded:
+        """A model message as this handler's decoder reads it."""
+        return decode(text) if self.name == "qwen_fc" else decode_python(text)
+
+    def write(self, calls: list[tuple[str, dict]]) -> str:
+        """Calls as a model following this handler writes them (scripted policies): <tool_call> blocks, or
+        one Python list of keyword calls."""
+        from seal_mini.envs.toolcalls import format_call
+
+        if self.name == "qwen_fc":
+            return "\n".join(format_call(name, arguments) for name, arguments in calls)
+        written = (f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})" for name, arguments in calls)
+        return f"[{', '.join(written)}]"
+
+
+QWEN_FC = Protocol("qwen_fc", BFCL_MODEL, f"{BFCL_MODEL}-FC")
+"""BFCL's Qwen FC handler: JSON calls in <tool_call> blocks (every recipe but ToolACE-2's)."""
+TOOLACE = Protocol("llama_prompt", "Team-ACE/ToolACE-2-8B", "Team-ACE/ToolACE-2-8B")
+"""BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with: a Python list of calls, BFCL's own system
+prompt, tool results as ipython messages."""
+PROTOCOLS = {p.name: p for p in (QWEN_FC, TOOLACE)}
 
 
 # --- decoding: BFCL's Qwen handler ------------------------------------------------------------------
@@ -200,6 +250,75 @@ def unwritable(text: str | bytes) -> str:
     except Exception as e:  # noqa: BLE001 - whatever BFCL's own code raises there
         return f"{type(e).__name__}: {e}"
     return ""
+
+
+# --- decoding and prompting: BFCL's Llama handler (ToolACE-2) --------------------------------------
+
+
+def _no_eval(source: str, *args, **kwargs):
+    """Stands in for eval() in BFCL's Python-call decoder, which evals an argument written as an operation
+    or a lambda (`1 + 2`, `lambda: ...`): the kit evaluates no model text, so the message fails to decode."""
+    raise ValueError(f"an argument is an expression, not a literal value ({str(source)[:60]})")
+
+
+@cache
+def _llama():
+    """BFCL's prompt-mode system prompt, Python-call decoder and LlamaHandler._format_prompt, compiled from
+    its source files (the modules import BFCL's inference stack), with eval() refused."""
+    from bfcl_eval.constants import default_prompts
+    from bfcl_eval.constants.enums import ReturnFormat
+
+    prompts = {k: v for k, v in vars(default_prompts).items() if not k.startswith("_")}
+    namespace = {**prompts, "ast": ast, "json": json, "re": re, "ReturnFormat": ReturnFormat, "eval": _no_eval}
+    namespace |= {"Optional": typing.Optional, "List": list, "Union": typing.Union}
+    for name in (
+        "resolve_ast_by_type",
+        "resolve_ast_call",
+        "ast_parse",
+        "default_decode_ast_prompting",
+        "parse_nested_value",
+        "decoded_output_to_execution_list",
+        "parse_prompt_variation_params",
+        "_generate_function_doc_python",
+        "_generate_function_doc_xml",
+        "format_function_doc",
+        "formulate_system_prompt",
+        "system_prompt_pre_processing_chat_model",
+    ):
+        bfcl_function(HANDLER_UTILS, name, "", namespace)
+    bfcl_function("utils.py", "extract_prompt_format_from_id", "", namespace)
+    format_prompt = bfcl_function(LLAMA_HANDLER, "_format_prompt", "LlamaHandler", namespace)
+    handler = SimpleNamespace(model_name=TOOLACE.model)
+    namespace["format_prompt"] = lambda messages: format_prompt(handler, messages, [])
+    return SimpleNamespace(**namespace)
+
+
+def decode_python(text: str | bytes) -> Decoded:
+    """Decode a message as BFCL's LlamaHandler does (default_decode_execute_prompting: the text, stripped of
+    backticks, newlines and spaces and put in brackets, parsed as a Python list of calls; keyword arguments
+    only), with its own code, except that an argument it would eval() fails the message instead."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    llama = _llama()
+    try:
+        parsed = llama.default_decode_ast_prompting(text)  # decode_execute's own first step
+        calls = llama.decoded_output_to_execution_list(parsed)
+    except Exception as e:  # noqa: BLE001 - BFCL ends the turn on any decoding error
+        return Decoded(text, [], [], f"the calls could not be decoded ({type(e).__name__}: {str(e)[:200]})")
+    items = [{"name": name, "arguments": arguments} for call in parsed for name, arguments in call.items()]
+    return Decoded(text, calls, items)
+
+
+def llama_prompt(messages: list[dict], tools: list[dict]) -> str:
+    """The prompt BFCL's LlamaHandler writes for a conversation, ending with the start of the next assistant
+    message: its system prompt (the tools as BFCL's docs, in JSON) before the first message, a task's own
+    system message after it, assistant messages as written, tool results as ipython messages."""
+    llama = _llama()
+    history = [{"role": "ipython" if m["role"] == "tool" else m["role"], "content": m["content"]} for m in messages]
+    # BFCL prepends its system prompt to the first turn's messages only
+    first = next((k for k, m in enumerate(history) if m["role"] not in ("system", "user")), len(history))
+    history = llama.system_prompt_pre_processing_chat_model(history[:first] or [], tools, "") + history[first:]
+    return llama.format_prompt(history)
 
 
 # --- why a <tool_call> block was not read (for the diagnoser and the training interface) ---------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode, new_instances, public_methods, public_state
-from seal_mini.envs.toolcalls import format_call
+from seal_mini.envs.harness import QWEN_FC, Protocol
 from seal_mini.envs.verifier import check_episode
 
 DONE_TEXT = "Done."
@@ -80,17 +80,17 @@ def ground_truth_effects(task: Task) -> list[list[PlannedCall]]:
     return turns
 
 
-def scripted_messages(turn_calls: list[tuple[str, dict]]) -> list[str]:
-    """Assistant messages for one turn: all its calls in one message, then a closing answer."""
-    calls = "\n".join(format_call(name, args) for name, args in turn_calls)
-    return ([calls] if calls else []) + [DONE_TEXT]
+def scripted_messages(turn_calls: list[tuple[str, dict]], protocol: Protocol = QWEN_FC) -> list[str]:
+    """Assistant messages for one turn: all its calls in one message (written as `protocol`'s model writes
+    them), then a closing answer."""
+    return ([protocol.write(turn_calls)] if turn_calls else []) + [DONE_TEXT]
 
 
 def play(env, turns: list[list[tuple[str, dict]]]) -> list[dict]:
     """Reset an episode and drive it with scripted assistant messages; returns the conversation."""
     messages, _ = env.reset()
     for turn_calls in turns:
-        for text in scripted_messages(turn_calls):
+        for text in scripted_messages(turn_calls, getattr(env, "protocol", QWEN_FC)):
             messages.append({"role": "assistant", "content": text})
             result = env.step(text)
             messages += result.observation

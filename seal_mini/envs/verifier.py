@@ -14,7 +14,7 @@ ends with literal values, and a stand-in that fails harmlessly for anything else
 attribute chain, a builtin, code). If the checker raises all the same, the episode fails with
 CHECKER_RAISED and the reason in its details; the run goes on.
 
-The checker runs under the model name BFCL's scorer uses for the kit's model (harness.CHECKER_MODEL), so
+The checker runs under the model name BFCL's scorer uses for the episode's model (its harness.Protocol), so
 its instance names, which it writes into string arguments that mention a method, are BFCL's: a verdict
 is a function of the episode alone. It keeps back-end instances in its module's globals, keyed by that
 name and the task id, and never frees them. So each check puts fresh instances there first, the model's
@@ -54,13 +54,16 @@ def _failed_turn(result: dict) -> int | None:
     return len(executed) - 1 if executed else None
 
 
-def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = False) -> Verdict:
-    """Score one episode as eval_runner scores a multi-turn entry (forced_quit: force-quit before its last turn)."""
+def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = False, protocol=None) -> Verdict:
+    """Score one episode as eval_runner scores a multi-turn entry (forced_quit: force-quit before its last turn),
+    under the names BFCL's scorer gives the model of `protocol` (harness.PROTOCOLS; by default Qwen FC's)."""
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
     from seal_mini.envs.episode import new_instances
-    from seal_mini.envs.harness import CHECKER_MODEL, checker_input_for, fresh_class, instance_name
+    from seal_mini.envs.harness import QWEN_FC, checker_input_for, fresh_class, instance_name
+
+    CHECKER_MODEL = (protocol or QWEN_FC).checker_model  # noqa: N806 - the scorer's model name, as BFCL calls it
 
     if forced_quit:  # eval_runner: fewer turns than the ground truth means the inference was force-quit
         return Verdict(0.0, "multi_turn:force_terminated", len(checker_input) - 1, {})
@@ -105,4 +108,4 @@ def check_episode(episode) -> Verdict:
         last = max(r.index for r in episode.turn_records() if r.messages)
         return Verdict(0.0, "multi_turn:inference_error", last, {})
     forced = episode.ended_by == TURN_LIMIT and episode.turn_records()[-1].ended_by == NOT_REACHED
-    return check(episode.task, episode.checker_input(), forced_quit=forced)
+    return check(episode.task, episode.checker_input(), forced_quit=forced, protocol=getattr(episode, "protocol", None))

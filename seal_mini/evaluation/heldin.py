@@ -17,6 +17,7 @@ from seal_mini.config import CATEGORIES, EVAL_LIMITS, Config, ConfigError
 from seal_mini.distributed import from_rank0, is_main, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import PROTOCOLS, QWEN_FC, Protocol
 from seal_mini.envs.splits import split_name
 from seal_mini.envs.verifier import CHECKER_RAISED
 from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces
@@ -70,7 +71,7 @@ def evaluate(
     done_rows = play_in_pieces(
         todo,
         piece,
-        lambda share: play_tasks(agent, share, bar),
+        lambda share: play_tasks(agent, share, bar, PROTOCOLS[cfg.model.protocol]),
         done_rows,
         lambda n: partial / f"{n:06d}.jsonl.gz",
         bar,
@@ -108,17 +109,19 @@ def heldin_config(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
     if cfg.eval.limits == "paper":
         for key, value in EVAL_LIMITS.items():
-            setattr(cfg.rollout, key, value)
+            larger = getattr(cfg.rollout, key) if key in ("max_prompt_tokens", "max_total_tokens") else 0
+            setattr(cfg.rollout, key, max(value, larger))
         cfg.validate()
     return cfg
 
 
-def play_tasks(agent, tasks: list[Task], progress=None) -> list[dict]:
-    """`agent` on each task in the bare environment, scored by the official checker: one row per task."""
+def play_tasks(agent, tasks: list[Task], progress=None, protocol: Protocol = QWEN_FC) -> list[dict]:
+    """`agent` on each task in the bare environment (following `protocol`'s BFCL handler), scored by the
+    official checker: one row per task."""
     from seal_mini.core.diagnose import diagnose
     from seal_mini.envs.verifier import check_episode
 
-    envs = [Episode(t) for t in tasks]  # BFCL's own limits: env.* shape training episodes only
+    envs = [Episode(t, protocol=protocol) for t in tasks]  # BFCL's own limits: env.* shape training episodes only
     records = agent.run(envs, progress=progress) if envs else []  # the bar moves as each episode finishes
     rows = []
     for task, env, record in zip(tasks, envs, records, strict=True):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from seal_mini.config import ConfigError, RolloutConfig
 from seal_mini.envs.episode import Episode, StepResult
+from seal_mini.envs.harness import PROTOCOLS
 from seal_mini.envs.splits import tasks_for
 
 Ask = Callable[[int, str], str]
@@ -188,7 +189,7 @@ def main(argv: list[str]) -> int:
     task_id = args.task or first_held_in(run_dir, cfg)
     (task,) = tasks_for([task_id], f"--task {task_id}", cfg)
     ask = replay if args.replay or not sys.stdin.isatty() else typed
-    console = Console(Episode(task), ask)  # the benchmark's own limits, as in evaluation
+    console = Console(Episode(task, protocol=PROTOCOLS[cfg.model.protocol]), ask)  # the benchmark's own limits
 
     if args.scripted:
         if args.scripted not in POLICIES:

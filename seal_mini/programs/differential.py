@@ -48,9 +48,10 @@ from seal_mini.config import CATEGORIES, ConfigError, nonnegative
 from seal_mini.envs.bfcl import V3_CLASSES, Task, foreign_tool_names, load_tasks, to_chat_tool
 from seal_mini.envs.harness import (
     BFCL_MODEL,
-    CHECKER_MODEL,
     GUARDS,
-    INSTANCE_PREFIX,
+    PROTOCOLS,
+    QWEN_FC,
+    Protocol,
     bfcl_class,
     first_defaults,
     instance_name,
@@ -127,12 +128,15 @@ def reference_modules() -> SimpleNamespace:
         from bfcl_eval import utils
         from bfcl_eval.eval_checker import eval_runner
         from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+        from bfcl_eval.model_handler.local_inference.llama import LlamaHandler
         from bfcl_eval.model_handler.local_inference.qwen_fc import QwenFCHandler
     finally:
         sys.meta_path.remove(stubs)
         for name in [m for m in sys.modules if any(m == n or m.startswith(n + ".") for n in missing)]:
             del sys.modules[name]  # later imports of these names fail as they would have
-    return SimpleNamespace(utils=utils, eval_runner=eval_runner, multi_turn_utils=multi_turn_utils, qwen=QwenFCHandler)
+    return SimpleNamespace(
+        utils=utils, eval_runner=eval_runner, multi_turn_utils=multi_turn_utils, qwen=QwenFCHandler, llama=LlamaHandler
+    )
 
 
 @cache
@@ -145,8 +149,8 @@ def _entries(category: str) -> dict[str, tuple[dict, list]]:
 
 
 class _ScriptedModel:
-    """Stands in for the model of BFCL's Qwen handler: each query gets the script's next message, and the
-    prompt the handler would have sent is kept."""
+    """Stands in for the model of BFCL's handler: each query gets the script's next message, and the prompt
+    the handler would have sent is kept."""
 
     def __init__(self, script: Script, handler):
         self.script, self.turn, self.sent, self.handler, self.prompts = script, -1, 0, handler, []
@@ -154,7 +158,7 @@ class _ScriptedModel:
     def query(self, inference_data: dict):
         """What OSSHandler._query_prompting returns: (a completion response, latency)."""
         self.prompts.append(self.handler._format_prompt(inference_data["message"], inference_data["function"]))
-        if inference_data["message"][-1]["role"] not in ("assistant", "tool"):  # a new user turn began
+        if inference_data["message"][-1]["role"] not in ("assistant", "tool", "ipython"):  # a new user turn began
             self.turn, self.sent = self.turn + 1, 0
         todo = self.script[self.turn]
         text = todo[self.sent] if self.sent < len(todo) else DONE_TEXT
@@ -164,10 +168,14 @@ class _ScriptedModel:
 
 
 @cache
-def _handler():
-    """BFCL's handler for Qwen2.5 in FC mode (the handler class its model config names for Qwen FC models)."""
-    handler = reference_modules().qwen(BFCL_MODEL, 0.0, f"{BFCL_MODEL}-FC", True)
-    assert handler.model_name_underline_replaced == INSTANCE_PREFIX, "the kit's instance names are not BFCL's"
+def _handler(protocol: Protocol = QWEN_FC):
+    """BFCL's handler for the protocol's model, the class its model config names: QwenFCHandler for Qwen2.5 in
+    FC mode, LlamaHandler for ToolACE-2-8B."""
+    if protocol is QWEN_FC:
+        handler = reference_modules().qwen(BFCL_MODEL, 0.0, f"{BFCL_MODEL}-FC", True)
+    else:
+        handler = reference_modules().llama(protocol.model, 0.0, protocol.registry, False)
+    assert handler.model_name_underline_replaced == protocol.instance_prefix, "the kit's instance names are not BFCL's"
     return handler
 
 
@@ -175,7 +183,8 @@ def _fresh_process() -> None:
     """What a new process has: no cached instances, every back-end default argument and module data as
     the source writes them (BFCL's inference and its scoring are separate runs)."""
     cache = vars(reference_modules().multi_turn_utils)
-    for key in [k for k in cache if k.startswith(INSTANCE_PREFIX + "_")]:  # the checker's names start so too
+    prefixes = tuple(p.instance_prefix + "_" for p in PROTOCOLS.values())  # the checker's names start so too
+    for key in [k for k in cache if k.startswith(prefixes)]:
         del cache[key]
     for class_name in V3_CLASSES:
         cls = bfcl_class(class_name)
@@ -194,11 +203,11 @@ class Played:
     """The prompt of every model query, in order."""
 
 
-def bfcl_verdict(task: Task, script: Script) -> Played:
+def bfcl_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Played:
     """What BFCL's inference loop and eval_runner make of this scripted episode."""
     ref = reference_modules()
     entry, ground_truth = _entries(task.category)[task.id]
-    handler = _handler()
+    handler = _handler(protocol)
     model = _ScriptedModel(script, handler)
     handler._query_prompting = model.query  # the model's one job, answered by the script
     try:
@@ -215,7 +224,7 @@ def bfcl_verdict(task: Task, script: Script) -> Played:
                 responses,
                 ground_truth,
                 copy.deepcopy(entry),
-                CHECKER_MODEL,
+                protocol.checker_model,
                 task.id.rsplit("_", 1)[0],
             )
     finally:
@@ -228,14 +237,15 @@ def bfcl_verdict(task: Task, script: Script) -> Played:
 # --- the kit ------------------------------------------------------------------------------------------
 
 
-def kit_verdict(task: Task, script: Script) -> Played:
+def kit_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Played:
     """The same scripted episode through seal_mini's Episode, renderer and verifier."""
-    from seal_mini.engine.render import bfcl_text
+    from seal_mini.engine.render import bfcl_text, llama_text
     from seal_mini.envs.episode import Episode
     from seal_mini.envs.verifier import check_episode
 
-    env = Episode(task)
-    prompts = play_script(env, script, lambda messages, tools: bfcl_text(messages, tools, add_generation_prompt=True))
+    env = Episode(task, protocol=protocol)
+    text = bfcl_text if protocol is QWEN_FC else llama_text
+    prompts = play_script(env, script, lambda messages, tools: text(messages, tools, add_generation_prompt=True))
     verdict = check_episode(env)
     return Played(verdict.reward == 1.0, verdict.error_type, prompts)
 
@@ -266,8 +276,13 @@ def play_script(env, script: Script, prompt: Callable | None = None) -> list:
 # None where the perturbation cannot be made in that task.
 
 
+_WRITING: list[Protocol] = [QWEN_FC]
+"""The protocol whose model the battery writes calls for (run_differential sets it)."""
+
+
 def _message(calls: list[Call]) -> str:
-    return "\n".join(format_call(n, a) for n, a in calls)
+    """The calls in one message, as the model of the protocol under test writes them."""
+    return _WRITING[0].write(calls)
 
 
 def _script(gt: list[list[Call]], turn: int | None = None, messages: list[str] | None = None) -> Script:
@@ -386,7 +401,7 @@ def _reordered(task, gt, rng):
 
 def _stepwise(task, gt, rng):
     """One call per message, as an agent that reads each result before its next call."""
-    return [[format_call(n, a) for n, a in calls] if len(calls) <= 20 else [_message(calls)] for calls in gt]
+    return [[_message([c]) for c in calls] if len(calls) <= 20 else [_message(calls)] for calls in gt]
 
 
 def _not_offered(task, gt, rng):
@@ -514,9 +529,9 @@ def _non_finite(task, gt, rng):
     if not options:
         return None
     k, i, key = rng.choice(options)
-    blocks = [format_call(n, a) for n, a in gt[k]]
-    blocks[i] = format_call(gt[k][i][0], {**gt[k][i][1], key: 10**400}).replace("1" + "0" * 400, "1e999")
-    return _script(gt, k, ["\n".join(blocks)])
+    calls = list(gt[k])
+    calls[i] = (calls[i][0], {**calls[i][1], key: 10**400})
+    return _script(gt, k, [_message(calls).replace("1" + "0" * 400, "1e999")])
 
 
 def _step_limit(last: bool):
@@ -527,7 +542,7 @@ def _step_limit(last: bool):
         k = len(gt) - 1 if last else rng.randrange(len(gt) - 1) if len(gt) > 1 else None
         if k is None:
             return None
-        noise = [format_call("no_such_tool", {"attempt": i}) for i in range(20)]
+        noise = [_message([("no_such_tool", {"attempt": i})]) for i in range(20)]
         return _script(gt, k, ([_message(gt[k])] if gt[k] else [noise[0]]) + noise)
 
     return build
@@ -584,7 +599,7 @@ def _through_own_instance(call, task, rng):
     """A tool called through its instance's global name: BFCL's eval finds no such attribute on the
     instance (an AttributeError); the kit refuses an instance's name."""
     name, args = call
-    return f"{instance_name(INSTANCE_PREFIX, task.id, _owner_class(task, name))}.{name}", args
+    return f"{instance_name(_WRITING[0].instance_prefix, task.id, _owner_class(task, name))}.{name}", args
 
 
 def _checker_instance(task, gt, rng):
@@ -595,7 +610,8 @@ def _checker_instance(task, gt, rng):
     if not options:
         return None
     k = rng.choice(options)
-    target = instance_name(f"{CHECKER_MODEL}_ground_truth_eval", task.id, rng.choice(task.involved_classes))
+    checker = _WRITING[0].checker_model
+    target = instance_name(f"{checker}_ground_truth_eval", task.id, rng.choice(task.involved_classes))
     return _script(gt, k, [_message([(f"{target}.__class__.__name__.upper", {})] + list(gt[k]))])
 
 
@@ -716,6 +732,101 @@ BEFORE_KIT: dict[str, Callable[[], None]] = {
 }
 """Kinds whose kit side first plays another episode in the same process (the reference is a fresh process)."""
 
+# --- the battery for Python call lists (BFCL's LlamaHandler: ToolACE-2) ---------------------------------
+
+
+def _python(call: Call, positional: int = 0, value=repr) -> str:
+    """One call in Python syntax, its first `positional` arguments without their keys, each value written
+    by `value`."""
+    name, args = call
+    items = list(args.items())
+    parts = [value(v) for _, v in items[:positional]] + [f"{k}={value(v)}" for k, v in items[positional:]]
+    return f"{name}({', '.join(parts)})"
+
+
+def _call_list(write: Callable[[list[Call], random.Random], str | None]):
+    """A builder that writes one turn's calls as `write` does (None where it cannot)."""
+
+    def build(task, gt, rng):
+        options = [k for k in _turns_with(gt) if write(gt[k], random.Random(0)) is not None]
+        if not options:
+            return None
+        k = rng.choice(options)
+        return _script(gt, k, [write(gt[k], rng)])
+
+    return build
+
+
+def _positional(calls, rng):
+    """The first call with its first argument written positionally: BFCL's decoder keeps keyword arguments
+    only, so the back end misses that one."""
+    if not calls[0][1]:
+        return None
+    return "[" + ", ".join([_python(calls[0], positional=1), *(_python(c) for c in calls[1:])]) + "]"
+
+
+def _tuples(calls, rng):
+    """Lists written as tuples: BFCL's decoder keeps them tuples, so the back end gets tuples."""
+    if not any(isinstance(v, list) for _, a in calls for v in a.values()):
+        return None
+    as_tuple = lambda v: repr(tuple(v)) if isinstance(v, list) else repr(v)  # noqa: E731
+    return "[" + ", ".join(_python(c, value=as_tuple) for c in calls) + "]"
+
+
+def _unary_plus(calls, rng):
+    """A positive number written +N: BFCL's decoder negates any unary operand, so the back end gets -N."""
+    if not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for _, a in calls for v in a.values()):
+        return None
+    signed = lambda v: f"+{v!r}" if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else repr(v)  # noqa: E731
+    return "[" + ", ".join(_python(c, value=signed) for c in calls) + "]"
+
+
+def _bare_names(calls, rng):
+    """String arguments that are identifiers written without quotes: BFCL's decoder reads a name as its text."""
+    if not any(isinstance(v, str) and v.isidentifier() for _, a in calls for v in a.values()):
+        return None
+    bare = lambda v: v if isinstance(v, str) and v.isidentifier() else repr(v)  # noqa: E731
+    return "[" + ", ".join(_python(c, value=bare) for c in calls) + "]"
+
+
+def _operation(calls, rng):
+    """A number written as an operation (N + 0): BFCL's decoder eval()s it and runs the call; the kit
+    evaluates no model text, so the message does not decode and the turn ends."""
+    if not any(isinstance(v, int) and not isinstance(v, bool) for _, a in calls for v in a.values()):
+        return None
+    summed = lambda v: f"{v!r} + 0" if isinstance(v, int) and not isinstance(v, bool) else repr(v)  # noqa: E731
+    return "[" + ", ".join(_python(c, value=summed) for c in calls) + "]"
+
+
+PYTHON_KINDS: dict[str, Callable] = {
+    "call_list_without_brackets": _call_list(lambda calls, rng: ", ".join(_python(c) for c in calls)),
+    "call_list_with_prose": _call_list(lambda calls, rng: f"I will do that now. {_message(calls)}"),
+    "call_list_fenced": _call_list(lambda calls, rng: f"```python\n{_message(calls)}\n```"),
+    "call_list_in_backticks": _call_list(lambda calls, rng: f"`{_message(calls)}`"),
+    "call_list_positional_argument": _call_list(_positional),
+    "call_list_tuples_for_lists": _call_list(_tuples),
+    "call_list_unary_plus": _call_list(_unary_plus),
+    "call_list_bare_names": _call_list(_bare_names),
+    "call_list_operation": _call_list(_operation),
+}
+"""Ways of writing a Python call list that BFCL's LlamaHandler reads in its own way (llama_prompt only)."""
+
+QWEN_ONLY = (
+    "malformed_json",
+    "one_line_tags",
+    "fenced_json",
+    "fenced_message",
+    "two_objects_one_block",
+    "parse_error_then_repair",
+    "arguments_as_string",
+    "no_arguments_key",
+    "prose_around_calls",
+    "think_block",
+    "code_in_name",
+    "code_in_key",
+)
+"""Kinds about <tool_call> JSON blocks (qwen_fc only)."""
+
 PERTURBATIONS: dict[str, Callable] = {
     "ground_truth": lambda task, gt, rng: _script(gt),
     "ground_truth_stepwise": _stepwise,
@@ -758,8 +869,21 @@ PERTURBATIONS: dict[str, Callable] = {
     "checker_instance_attribute": _checker_instance,
     "long_context_card_booking": _card_booking,
     "card_booking_after_a_card_was_drained": _card_booking,
+    **PYTHON_KINDS,
 }
-REFUSAL_KINDS = ("python_builtin", "costly_math_call", "code_in_name", "code_in_key", "call_through_instance_name")
+KINDS = {
+    "qwen_fc": tuple(k for k in PERTURBATIONS if k not in PYTHON_KINDS),
+    "llama_prompt": tuple(k for k in PERTURBATIONS if k not in QWEN_ONLY),
+}
+"""The kinds each protocol's battery plays."""
+REFUSAL_KINDS = (
+    "python_builtin",
+    "costly_math_call",
+    "code_in_name",
+    "code_in_key",
+    "call_through_instance_name",
+    "call_list_operation",
+)
 """Kinds with a call the kit refuses on purpose (it never eval()s model text, and runs nothing that could
 keep it busy for hours): the refused call's output is the kit's own line, so prompts differ from the
 refusal on, and verdicts may differ; README counts them."""
@@ -806,11 +930,23 @@ def first_difference(kit: list[str], bfcl: list[str]) -> str:
     return f"kit made {len(kit)} queries, BFCL {len(bfcl)}"
 
 
-def run_differential(kinds=tuple(PERTURBATIONS), categories=CATEGORIES, limit: int = 0, seed: int = 0) -> dict:
+def run_differential(
+    kinds=KINDS["qwen_fc"], categories=CATEGORIES, limit: int = 0, seed: int = 0, protocol: str = "qwen_fc"
+) -> dict:
     """Per kind: episodes, agreements, passes on each side, same prompts, and the first differences."""
-    unknown = [k for k in kinds if k not in PERTURBATIONS]
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"--protocol {protocol}: choose from {', '.join(PROTOCOLS)}")
+    unknown = [k for k in kinds if k not in KINDS[protocol]]
     if unknown:
-        raise ConfigError(f"--kinds: unknown perturbation kinds {unknown}; known: {', '.join(PERTURBATIONS)}")
+        raise ConfigError(f"--kinds: no kinds {unknown} for {protocol}; its kinds: {', '.join(KINDS[protocol])}")
+    _WRITING[0] = PROTOCOLS[protocol]
+    try:
+        return _run(kinds, categories, limit, seed, PROTOCOLS[protocol])
+    finally:
+        _WRITING[0] = QWEN_FC
+
+
+def _run(kinds, categories, limit: int, seed: int, protocol: Protocol) -> dict:
     start = time.perf_counter()
     tallies = {kind: Tally() for kind in kinds}
     for task in load_tasks(categories):
@@ -822,7 +958,7 @@ def run_differential(kinds=tuple(PERTURBATIONS), categories=CATEGORIES, limit: i
             if script is None:
                 continue
             BEFORE_KIT.get(kind, lambda: None)()
-            kit, bfcl = kit_verdict(task, script), bfcl_verdict(task, script)
+            kit, bfcl = kit_verdict(task, script, protocol), bfcl_verdict(task, script, protocol)
             t = tallies[kind]
             t.episodes += 1
             t.agree += kit.valid == bfcl.valid
@@ -861,13 +997,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m seal_mini oracle --differential", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--kinds", nargs="+", default=list(PERTURBATIONS), help="perturbation kinds (default: all)")
+    parser.add_argument("--protocol", default="qwen_fc", choices=list(PROTOCOLS), help="the BFCL handler to compare")
+    parser.add_argument("--kinds", nargs="+", help="perturbation kinds (default: all of the protocol's)")
     parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
     parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     reference_modules()  # a missing package is one line now, not a traceback after the first task
-    result = run_differential(args.kinds, args.categories, args.limit, args.seed)
+    result = run_differential(args.kinds or KINDS[args.protocol], args.categories, args.limit, args.seed, args.protocol)
     print_report(result)
     print(json.dumps(result))
     # a refused call's output is the kit's own line, so a refusal kind's prompts and verdicts may differ

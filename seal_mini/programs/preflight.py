@@ -265,11 +265,12 @@ def episode_lengths(cfg: Config, renderer, shrink: int) -> dict:
         low, high = (n // shrink for n in PROMPT_TOKENS)
         return {"prompt": (low, high), "result": RESULT_TOKENS // shrink, "long_result": LONG_RESULT_TOKENS // shrink}
     from seal_mini.envs.episode import Episode
+    from seal_mini.envs.harness import PROTOCOLS
     from seal_mini.envs.scripted import POLICIES, play
 
     prompts, results = [], []
     for task in tasks_for(load_split(cfg)["train"][:MEASURED_TASKS], "data"):
-        env = Episode(task)
+        env = Episode(task, protocol=PROTOCOLS[cfg.model.protocol])
         prompts.append(len(renderer.prompt_ids(*env.reset())))
         played = play(env, POLICIES["ground_truth"](task))
         results += [len(renderer.encode(m["content"])) for m in played if m["role"] == "tool"]
@@ -415,6 +416,7 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     """Run the phases; returns (result, what does not fit: one line per setting to lower)."""
     from seal_mini.engine.device import cap_memory, resolve_device
     from seal_mini.engine.policy import load_policy
+    from seal_mini.engine.render import SPECIAL_TOKENS
     from seal_mini.engine.tiny import tiny_tokenizer
 
     device = resolve_device(cfg.device)
@@ -440,6 +442,8 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
         tokenizer = tiny_tokenizer()
         if cfg.model.name == SCRATCH:  # its compact tool block, so that prompts are as long as the recipe's
             tokenizer.chat_template = CHAT_TEMPLATE
+        if cfg.model.tool_format == "bfcl_llama":  # BFCL's Llama prompt: Llama 3's header tokens as tokens
+            tokenizer.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS["bfcl_llama"])})
         params = write_random_model(shape, Path(folder), tokenizer, device)
         loaded = copy.deepcopy(cfg)
         loaded.model.name, loaded.model.gguf_file, loaded.lora.adapter_path = folder, "", ""
@@ -492,6 +496,12 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
             )
     except ConfigError as e:  # out of memory even at the smallest settings
         problems.append(str(e))
+        return {**result, "fits": False}, problems
+    if not result["update_typical"]["tokens"]:  # every episode ended before its first token
+        problems.append(
+            "rollout.max_prompt_tokens: every first prompt was over it, so nothing was generated; raise it "
+            "(and rollout.max_total_tokens) above the recipe's prompts"
+        )
         return {**result, "fits": False}, problems
     result["projection"] = p = projection(cfg, result["rollout"], result["update_typical"])
     print(

@@ -43,6 +43,7 @@ from seal_mini.engine.rollout import run_rollouts
 from seal_mini.engine.sequences import Trajectory, sample_numbers
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import PROTOCOLS
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import check_episode
 from seal_mini.training.checkpoint import open_run, restore
@@ -176,7 +177,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
 
 def make_env(task: Task, cfg: Config, interface: InterfaceState | None):
     """The bare benchmark episode, wrapped in the training-time interface when one is given."""
-    episode = Episode(task, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode)
+    episode = Episode(task, cfg.env.max_calls_per_turn, cfg.env.max_calls_per_episode, PROTOCOLS[cfg.model.protocol])
     return Interface(episode, interface) if interface is not None else episode
 
 
