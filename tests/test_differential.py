@@ -149,7 +149,7 @@ def test_every_task_played_twice_in_shuffled_order_in_one_process_is_what_a_fres
 
 
 def test_the_kits_refusals_differ_from_bfcl_only_by_failing_what_bfcl_evals():
-    result = run_differential(REFUSAL_KINDS, limit=16)["kinds"]
+    result = run_differential([k for k in REFUSAL_KINDS if k in KINDS["qwen_fc"]], limit=16)["kinds"]
     for kind, tally in result.items():
         assert tally["episodes"] > 0, kind
         assert tally["agree"] + tally["bfcl_passed"] - tally["kit_passed"] == tally["episodes"], kind
