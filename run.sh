@@ -4,6 +4,10 @@
 #   bash run.sh test [pytest args]                    set up .venv, then run the tests
 #   SEAL_MINI_GPUS=N bash run.sh ...                  the same on N GPUs (N ranks under torchrun); =all: every
 #                                                     visible GPU (CUDA_VISIBLE_DEVICES, else all nvidia-smi lists)
+#   bash run.sh wheels DIR                            (with network) download every wheel setup needs into DIR
+#   SEAL_MINI_WHEELS=DIR bash run.sh ...              set up from that folder alone, no index (a machine offline)
+#   SEAL_MINI_SYSTEM_SITE=1 bash run.sh ...           keep the torch, transformers and peft the machine has, where
+#                                                     they are within seal_mini.SUPPORTED (install only the rest)
 # Optional extras are installed when the recipe needs them, and for the tests: requirements-ood.txt when it
 # names ood.suites, requirements-log.txt when its log.backends name tensorboard.
 set -euo pipefail
@@ -14,24 +18,68 @@ PY="$VENV/bin/python"
 
 has_gpu() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
 
+pip_install() {
+  # From the wheel folder alone when SEAL_MINI_WHEELS names one (no index is ever asked), else the index.
+  if [ -n "${SEAL_MINI_WHEELS:-}" ]; then
+    "$PY" -m pip install -q --no-index --find-links "$SEAL_MINI_WHEELS" "$@"
+  else
+    "$PY" -m pip install -q "$@"
+  fi
+}
+
+kept() {
+  # With SEAL_MINI_SYSTEM_SITE: a copy of a requirements file without the packages the machine already has
+  # (torch, transformers and peft only within seal_mini.SUPPORTED); otherwise the file itself.
+  if [ -z "${SEAL_MINI_SYSTEM_SITE:-}" ]; then echo "$1"; return; fi
+  local out="$VENV/.kept_$(basename "$1")"
+  "$PY" - "$1" > "$out" <<'PYTHON'
+import ast, importlib.metadata as md, re, sys
+supported = ast.literal_eval(re.search(r"SUPPORTED = (\{.*?\})", open("seal_mini/__init__.py").read()).group(1))
+key = lambda v: tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0])[:3])
+for line in open(sys.argv[1]):
+    name = re.split(r"[=<>!~\[ ;#]", line.strip(), maxsplit=1)[0]
+    try:
+        found = md.version(name) if name else None
+    except md.PackageNotFoundError:
+        found = None
+    low_high = supported.get(name.lower())
+    keep = found is not None and (low_high is None or key(low_high[0]) <= key(found) < key(low_high[1]))
+    print(f"# {name} {found}: the machine's" if keep else line.rstrip())
+PYTHON
+  echo "$out"
+}
+
 setup() {
   # Re-install only when a requirements file changed since the last successful setup.
   local stamp="$VENV/.seal_mini_setup"
   local want
-  want=$( (cat requirements*.txt; echo "unsloth=${SEAL_MINI_UNSLOTH:-}") | sha256sum | cut -c1-16)
+  want=$( (cat requirements*.txt; echo "unsloth=${SEAL_MINI_UNSLOTH:-} system=${SEAL_MINI_SYSTEM_SITE:-}") | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
-  echo "[run.sh] setting up $VENV (first run takes a few minutes)"
-  [ -x "$PY" ] || python3 -m venv "$VENV"
-  "$PY" -m pip install -q --upgrade pip
-  "$PY" -m pip install -q -r requirements.txt -r requirements-dev.txt
-  "$PY" -m pip install -q --no-deps -r requirements-nodeps.txt
+  echo "[run.sh] setting up $VENV (first run takes a few minutes)${SEAL_MINI_WHEELS:+, from $SEAL_MINI_WHEELS alone}"
+  [ -x "$PY" ] || python3 -m venv ${SEAL_MINI_SYSTEM_SITE:+--system-site-packages} "$VENV"
+  [ -n "${SEAL_MINI_WHEELS:-}" ] || "$PY" -m pip install -q --upgrade pip
+  pip_install -r "$(kept requirements.txt)" -r "$(kept requirements-dev.txt)"
+  pip_install --no-deps -r requirements-nodeps.txt
   # unsloth is opt-in (model.backend: unsloth, experimental): SEAL_MINI_UNSLOTH=1 bash run.sh ...
   if has_gpu && [ -n "${SEAL_MINI_UNSLOTH:-}" ]; then
     echo "[run.sh] CUDA GPU found and SEAL_MINI_UNSLOTH set: installing the unsloth extra (requirements-gpu.txt)"
-    "$PY" -m pip install -q -r requirements-gpu.txt -c requirements.txt \
+    pip_install -r requirements-gpu.txt -c "$(kept requirements.txt)" \
       || echo "[run.sh] unsloth did not install; the hf backend (bitsandbytes + peft) will be used"
   fi
+  "$PY" -c 'from seal_mini.engine.device import supported_versions as s; m = s(); print("[run.sh] " + m) if m else None'
   echo "$want" > "$stamp"
+}
+
+wheels() {
+  # Every wheel setup installs (the core, dev and optional extras, bfcl-eval), for this Python and platform,
+  # into a folder: copy it with the checkout to a machine without network and set SEAL_MINI_WHEELS to it.
+  local dir=${1:?"bash run.sh wheels DIR: name the folder"}
+  mkdir -p "$dir"
+  python3 -m pip download -q -d "$dir" -r requirements.txt -r requirements-dev.txt -r requirements-ood.txt \
+    -r requirements-log.txt -c requirements.txt
+  python3 -m pip download -q -d "$dir" --no-deps -r requirements-nodeps.txt
+  python3 -m pip download -q -d "$dir" pip setuptools wheel
+  echo "[run.sh] $(ls "$dir" | wc -l) files, $(du -sh "$dir" | cut -f1) in $dir: SEAL_MINI_WHEELS=$dir bash run.sh ..."
 }
 
 setup_extra() {
@@ -42,7 +90,7 @@ setup_extra() {
   want=$(cat requirements.txt "$file" | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   echo "[run.sh] installing the optional extra $file"
-  "$PY" -m pip install -q -r "$file" -c requirements.txt
+  pip_install -r "$file" -c "$(kept requirements.txt)"
   echo "$want" > "$stamp"
 }
 
@@ -56,6 +104,11 @@ print("ood" * bool(cfg.ood.suites), "log" * ("tensorboard" in cfg.log.backends))
 }
 
 export HF_HUB_DISABLE_TELEMETRY=1 TOKENIZERS_PARALLELISM=false
+
+if [ "${1:-}" = "wheels" ]; then
+  wheels "${2:-}"
+  exit 0
+fi
 
 if [ "${1:-}" = "test" ]; then
   shift

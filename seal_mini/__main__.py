@@ -44,6 +44,10 @@ COMMANDS = {
         "seal_mini.programs.preflight",
         "memory and speed of a recipe on this machine, random weights, no download",
     ),
+    "gpu-check": (
+        "seal_mini.programs.gpu_check",
+        "the main recipe proven on one card in minutes: one JSON of every stage (--dry-run on the CPU)",
+    ),
 }
 
 

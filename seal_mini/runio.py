@@ -484,7 +484,13 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd) or {}
+            holder = _read_holder(fd)
+            for _ in range(50):  # its holder took the lock a moment ago and is writing who it is
+                if holder:
+                    break
+                time.sleep(0.05)
+                holder = _read_holder(fd)
+            holder = holder or {}
             raise FileError(
                 f"{run_dir} is in use by {holder_text(holder)}; wait for it to end or stop it "
                 f"(kill {holder.get('pid')}), or give this run another name (name=...)"

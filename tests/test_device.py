@@ -98,6 +98,35 @@ def test_gpu_memory_cap_sets_the_fraction_and_the_free_memory(monkeypatch):
     assert device.free_bytes(cuda) == 21 * 2**30  # 24 GB cap minus the 3 GB this process holds
     with pytest.raises(ConfigError, match="at most this GPU's 80.0 GB"):
         device.cap_memory(100, cuda)
+    device.uncap_memory(cuda)  # the whole card again (gpu-check caps and uncaps between its stages)
+    assert fake.fraction == 1.0 and device.free_bytes(cuda) == 70 * 2**30
+
+
+def test_peak_memory_is_read_from_the_card_on_a_gpu_and_from_the_process_on_a_cpu(monkeypatch):
+    from seal_mini.programs import preflight
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 5 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 6 * 2**30)
+    preflight._reset_peak(torch.device("cuda"))
+    assert preflight._peak(torch.device("cuda")) == {"peak_allocated_gb": 5.0, "peak_reserved_gb": 6.0}
+    assert calls == ["sync", "reset", "sync"]
+    assert set(preflight._peak(torch.device("cpu"))) == {"peak_rss_gb"}
+
+
+def test_versions_outside_the_supported_ranges_are_one_line_naming_them(monkeypatch):
+    import importlib.metadata
+
+    assert device.supported_versions() == ""  # the pins
+    found = {"torch": "2.9.1+cu128", "transformers": "5.17.0", "peft": "0.30.0"}
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: found[name])
+    line = device.supported_versions()
+    assert line.startswith("unsupported versions: torch 2.9.1+cu128 (the kit runs on 2.10 up to below 2.16)")
+    assert "peft 0.30.0" in line and "transformers" not in line and "\n" not in line
+    found["torch"], found["peft"] = "2.11.0+cu130", "0.17.1"  # a card's machine with its own stack
+    assert device.supported_versions() == ""
 
 
 def test_start_banner_on_cpu_and_on_a_gpu(capsys, monkeypatch):
@@ -130,3 +159,20 @@ def test_the_command_line_sets_the_cuda_allocator_unless_the_user_did(monkeypatc
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
+
+
+def test_the_kv_budget_on_a_gpu_is_a_share_of_the_free_memory_within_the_cap(monkeypatch):
+    from types import SimpleNamespace
+
+    from seal_mini.config import RolloutConfig
+    from seal_mini.engine.rollout import GPU_KV_SHARE, kv_budget
+
+    FakeCuda(monkeypatch)
+    on_gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert kv_budget(on_gpu, RolloutConfig()) == (
+        int(GPU_KV_SHARE * 70 * 2**30),
+        f"{GPU_KV_SHARE:.0%} of free GPU memory",
+    )
+    device.cap_memory(24, torch.device("cuda"))  # what preflight and gpu-check do for a 24 GB card
+    assert kv_budget(on_gpu, RolloutConfig())[0] == int(GPU_KV_SHARE * 21 * 2**30)
+    assert kv_budget(on_gpu, RolloutConfig(kv_budget_gb=4.0)) == (4 * 2**30, "rollout.kv_budget_gb")

@@ -29,6 +29,30 @@ from seal_mini.config import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
+
+def supported_versions() -> str:
+    """Empty when torch, transformers and peft are within seal_mini.SUPPORTED, else one line naming what is not."""
+    import importlib.metadata
+
+    from seal_mini import SUPPORTED
+
+    def key(version: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+    off = []
+    for package, (low, high) in SUPPORTED.items():
+        try:
+            found = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            off.append(f"{package} is not installed")
+            continue
+        if not key(low) <= key(found) < key(high):
+            off.append(f"{package} {found} (the kit runs on {low} up to below {high})")
+    if not off:
+        return ""
+    return "unsupported versions: " + "; ".join(off) + ". Install the pins: pip install -r requirements.txt"
+
+
 # --- what the machine has ---------------------------------------------------------------------------
 
 
@@ -141,6 +165,14 @@ def cap_memory(gigabytes: float, device: torch.device) -> None:
         raise ConfigError(f"--gpu-mem-gb {gigabytes}: must be above 0 and at most this GPU's {total / 2**30:.1f} GB")
     torch.cuda.set_per_process_memory_fraction(cap / total, device)
     _cap_bytes = cap
+
+
+def uncap_memory(device: torch.device) -> None:
+    """The whole card again, after cap_memory."""
+    global _cap_bytes
+    if device.type == "cuda" and _cap_bytes is not None:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    _cap_bytes = None
 
 
 def free_bytes(device: torch.device) -> int:

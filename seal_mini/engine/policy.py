@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 
 from seal_mini.config import Config, ConfigError
 from seal_mini.engine import attention
-from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device
+from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device, supported_versions
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.runio import check_model_folder, writing
 
@@ -248,6 +249,9 @@ def use_cpu_threads(cfg: Config) -> None:
 def load_backbone(cfg: Config, corpus: list[str]):
     """(model, tokenizer, renderer, device) without adapter, for building the warm start: model.name
     itself (a model built from scratch learns its tokenizer from `corpus`)."""
+    versions = supported_versions()
+    if versions and not os.environ.get("SEAL_MINI_ANY_VERSIONS"):  # checked before anything loads
+        raise ConfigError(f"{versions} (or set SEAL_MINI_ANY_VERSIONS=1 to run on them untested)")
     device = resolve_device(cfg.device)
     use_cpu_threads(cfg)
     dtype, _ = compute_dtype(cfg.model.dtype, device)
