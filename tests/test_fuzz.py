@@ -28,7 +28,14 @@ from seal_mini.core.interface import GUIDELINES, Interface, InterfaceState
 from seal_mini.envs import practice
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
-from seal_mini.envs.harness import CHECKER_MODEL, INSTANCE_PREFIX, checker_input_for, instance_name
+from seal_mini.envs.harness import (
+    CHECKER_MODEL,
+    INSTANCE_PREFIX,
+    QWEN_FC,
+    TOOLACE,
+    checker_input_for,
+    instance_name,
+)
 from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.envs.toolcalls import CallError, parse_tool_calls, validate_call
 from seal_mini.envs.verifier import CHECKER_RAISED, check_episode
@@ -179,11 +186,38 @@ def block(rng: random.Random, obj) -> str:
     )
 
 
-def message(rng: random.Random, tools: dict, other_names: list[str], instances: list[str]) -> str | bytes:
-    """One assistant message: calls of the offered tools in many shapes, calls that name an instance,
-    prose, noise, or format abuse."""
+PYTHON_ODD = [
+    "[__import__('os').system('true')]", "[ls(a=__import__('os').getcwd())]", "[ls(a=1 + 2)]", "[ls(a=2 ** 2 ** 99)]",
+    "[ls(a=lambda: __import__('os'))]", "[cd(folder=open('x'))]", "[print(x=1)]", "[ls(a=[x for x in range(9)])]",
+    "[ls(a={1, 2})]", "[ls(a=b[0])]", "[ls(*args)]", "[ls(**kw)]", "[os.system(command='true')]", "[ls(", "]", "[]",
+    "[ls(a='x)]", "[ls(a=-(-1))]", "[ls(a=+'x')]", "[ls(a=not True)]", "ls(a=1); import os", "[" * 5000,
+]  # fmt: skip
+"""Python call lists BFCL's LlamaHandler decoder would eval, choke on, or read its own way."""
+
+
+def python_calls(rng: random.Random, tools: dict, other_names: list[str], instances: list[str]) -> str:
+    """A message of Python calls: the offered tools (keyword arguments written by repr), or an odd one."""
+    if rng.random() < 0.3:
+        return rng.choice(PYTHON_ODD)
+    calls = [call_object(rng, tools, other_names, instances) for _ in range(rng.choice([1, 1, 2, 3, 30]))]
+    written = []
+    for obj in calls:
+        name, args = obj.get("name"), obj.get("arguments")
+        args = args if isinstance(args, dict) else {}
+        written.append(f"{name}({', '.join(f'{k}={v!r}' for k, v in args.items())})")
+    text = f"[{', '.join(written)}]"
+    return rng.choice([text, text[1:-1], f"```python\n{text}\n```", f"Sure. {text}", text[: rng.randint(0, len(text))]])
+
+
+def message(
+    rng: random.Random, tools: dict, other_names: list[str], instances: list[str], python: bool = False
+) -> str | bytes:
+    """One assistant message: calls of the offered tools in many shapes (Python call lists where the episode
+    follows BFCL's LlamaHandler), calls that name an instance, prose, noise, or format abuse."""
     kind = rng.random()
-    if kind < 0.55:
+    if python and kind < 0.55:
+        text = python_calls(rng, tools, other_names, instances)
+    elif kind < 0.55:
         count = rng.choice([1, 1, 1, 2, 3, 40])
         blocks = [block(rng, call_object(rng, tools, other_names, instances)) for _ in range(count)]
         text = "\n".join(blocks)
@@ -267,6 +301,7 @@ class Watch:
 def watch():
     tasks = fuzz_tasks()
     time.strptime("2024", "%Y")  # back ends parse dates: its module is imported lazily, once
+    TOOLACE.decode("[ls()]")  # BFCL's LlamaHandler decoder is compiled from its source on first use
     for task in tasks:  # every lazy import, compiled BFCL function and cached reference before the audit starts
         episode = Episode(task)
         play(episode, POLICIES["ground_truth"](task))
@@ -277,8 +312,10 @@ def watch():
 
 
 def wrapped(task, rng: random.Random):
-    """The bare episode, or the episode seen through the interface with every cue on (parse_retry too)."""
-    episode = Episode(task, max_calls_per_turn=rng.choice([4, 20]))
+    """The bare episode, or the episode seen through the interface with every cue on (parse_retry too); under
+    BFCL's Qwen FC handler, or a third of the time its LlamaHandler (ToolACE-2: Python call lists)."""
+    protocol = TOOLACE if rng.random() < 0.3 else QWEN_FC
+    episode = Episode(task, max_calls_per_turn=rng.choice([4, 20]), protocol=protocol)
     if rng.random() < 0.5:
         return episode
     return Interface(episode, InterfaceState(True, True, True, list(GUIDELINES)[:3]))
@@ -339,7 +376,7 @@ def test_no_message_breaks_a_step_the_checker_or_the_diagnoser(watch):
                 text = todo.pop(0)
                 if text is None:
                     names = [m for m in env.methods if m not in env.offered]  # tools of the task not offered
-                    text = message(rng, env.offered, names, instance_names(task))
+                    text = message(rng, env.offered, names, instance_names(task), env.protocol is TOOLACE)
                 stats["messages"] += 1
                 last = text
                 what = f"step ({task.id}, seed {SEED}, message {stats['messages']})"
