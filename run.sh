@@ -28,23 +28,27 @@ pip_install() {
 }
 
 kept() {
-  # With SEAL_MINI_SYSTEM_SITE: a copy of a requirements file without the packages the machine already has
-  # (torch, transformers and peft only within seal_mini.SUPPORTED); otherwise the file itself.
+  # With SEAL_MINI_SYSTEM_SITE: a copy of a requirements file without the pins of torch, transformers and
+  # peft where the machine itself (not the venv) has them within seal_mini.SUPPORTED; otherwise the file.
   if [ -z "${SEAL_MINI_SYSTEM_SITE:-}" ]; then echo "$1"; return; fi
   local out="$VENV/.kept_$(basename "$1")"
-  "$PY" - "$1" > "$out" <<'PYTHON'
-import ast, importlib.metadata as md, re, sys
+  "$PY" - "$1" > "$out" <<'PYTHON' || { rm -f "$out"; return 1; }
+import ast, importlib.metadata as md, pathlib, re, sys
 supported = ast.literal_eval(re.search(r"SUPPORTED = (\{.*?\})", open("seal_mini/__init__.py").read()).group(1))
 key = lambda v: tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0])[:3])
+venv = pathlib.Path(sys.prefix).resolve()
 for line in open(sys.argv[1]):
-    name = re.split(r"[=<>!~\[ ;#]", line.strip(), maxsplit=1)[0]
+    name = re.split(r"[=<>!~\[ ;#]", line.strip(), maxsplit=1)[0].lower()
     try:
-        found = md.version(name) if name else None
+        found = md.distribution(name) if name in supported else None
     except md.PackageNotFoundError:
         found = None
-    low_high = supported.get(name.lower())
-    keep = found is not None and (low_high is None or key(low_high[0]) <= key(found) < key(low_high[1]))
-    print(f"# {name} {found}: the machine's" if keep else line.rstrip())
+    machine = found is not None and venv not in pathlib.Path(found.locate_file("")).resolve().parents
+    low, high = supported.get(name, ("0", "0"))
+    if machine and key(low) <= key(found.version) < key(high):
+        print(f"# {name} {found.version}: the machine's own")
+    else:
+        print(line.rstrip())
 PYTHON
   echo "$out"
 }
@@ -58,12 +62,14 @@ setup() {
   echo "[run.sh] setting up $VENV (first run takes a few minutes)${SEAL_MINI_WHEELS:+, from $SEAL_MINI_WHEELS alone}"
   [ -x "$PY" ] || python3 -m venv ${SEAL_MINI_SYSTEM_SITE:+--system-site-packages} "$VENV"
   [ -n "${SEAL_MINI_WHEELS:-}" ] || "$PY" -m pip install -q --upgrade pip
-  pip_install -r "$(kept requirements.txt)" -r "$(kept requirements-dev.txt)"
+  local core dev
+  core=$(kept requirements.txt) && dev=$(kept requirements-dev.txt) || exit 1
+  pip_install -r "$core" -r "$dev"
   pip_install --no-deps -r requirements-nodeps.txt
   # unsloth is opt-in (model.backend: unsloth, experimental): SEAL_MINI_UNSLOTH=1 bash run.sh ...
   if has_gpu && [ -n "${SEAL_MINI_UNSLOTH:-}" ]; then
     echo "[run.sh] CUDA GPU found and SEAL_MINI_UNSLOTH set: installing the unsloth extra (requirements-gpu.txt)"
-    pip_install -r requirements-gpu.txt -c "$(kept requirements.txt)" \
+    pip_install -r requirements-gpu.txt -c "$core" \
       || echo "[run.sh] unsloth did not install; the hf backend (bitsandbytes + peft) will be used"
   fi
   "$PY" -c 'from seal_mini.engine.device import supported_versions as s; m = s(); print("[run.sh] " + m) if m else None'
@@ -90,7 +96,9 @@ setup_extra() {
   want=$(cat requirements.txt "$file" | sha256sum | cut -c1-16)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
   echo "[run.sh] installing the optional extra $file"
-  pip_install -r "$file" -c "$(kept requirements.txt)"
+  local core
+  core=$(kept requirements.txt) || exit 1
+  pip_install -r "$file" -c "$core"
   echo "$want" > "$stamp"
 }
 

@@ -699,6 +699,12 @@ class Config:
             "model.name",
             "scratch is built by the warm start (its tokenizer learns the training tasks); set sft.enabled: true",
         )
+        _check(
+            not (self.sft.enabled and self.model.tool_format == "bfcl_llama"),
+            "sft.enabled",
+            "the warm start's demonstrations write <tool_call> JSON, which model.tool_format=bfcl_llama does not "
+            "read; set sft.enabled: false",
+        )
         _one_of(self.device, ("auto", "cpu", "cuda"), "device")
         _check(self.cpu_threads >= 0, "cpu_threads", "must be >= 0 (0 = torch's default)")
         for f in dataclasses.fields(self):
@@ -871,6 +877,8 @@ def _sha256(text: str) -> str:
 def _checked_text(path: Path, text: str) -> str:
     """A config.yaml's settings once its digest line holds (a file an earlier kit wrote has none)."""
     if not text.startswith(DIGEST_LINE):
+        if text.startswith(DIGEST_LINE[:12]):  # the line was there and is not whole
+            raise FileError(f"{path}: damaged (its digest line is cut or edited); {SAVED_FIX}")
         return text
     first, _, rest = text.partition("\n")
     if first[len(DIGEST_LINE) :].strip() != _sha256(rest):

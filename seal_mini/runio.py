@@ -483,6 +483,13 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not path.exists() or os.stat(path).st_ino != os.fstat(fd).st_ino:
+                # its last holder removed the file (a command refused before writing): lock the one there now
+                os.close(fd)
+                with writing(path):
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_holder(fd)
             for _ in range(50):  # its holder took the lock a moment ago and is writing who it is

@@ -276,7 +276,8 @@ def test_a_config_cut_short_or_edited_is_refused_by_every_command_and_nothing_ch
     path = run_dir / "config.yaml"
     text = path.read_text()
     assert text.startswith(DIGEST_LINE)
-    for damaged in (text[: len(text) // 2].rsplit("\n", 1)[0] + "\n", text.replace("lr: 1.0e-05", "lr: 0.001")):
+    cut, edited = text[: len(text) // 2].rsplit("\n", 1)[0] + "\n", text.replace("lr: 1.0e-05", "lr: 0.001")
+    for damaged in (cut, edited, text[:20] + text[text.index("\n") :]):  # the digest line itself cut too
         assert damaged != text
         path.write_text(damaged)
         before = snapshot(run_dir)

@@ -145,3 +145,9 @@ def test_a_recipe_sets_only_what_it_changes():
         before = _leaves(load_config(recipe.parent / base if base else None).to_dict())
         same = [k for k, v in _leaves(raw).items() if k != "name" and k in before and before[k] == v]
         assert not same, f"{recipe.name} sets {same} to what {base or 'the defaults'} already give"
+
+
+def test_a_warm_start_is_refused_under_bfcls_llama_handler():
+    """The warm start's demonstrations write <tool_call> JSON, which BFCL's LlamaHandler does not read."""
+    with pytest.raises(ConfigError, match="sft.enabled: the warm start's demonstrations write <tool_call> JSON"):
+        load_config(overrides=["model.tool_format=bfcl_llama", "sft.enabled=true"])

@@ -1,6 +1,7 @@
 import copy
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -576,3 +577,55 @@ def test_what_bfcls_own_code_did_to_defaults_and_module_data_before_the_kit_look
         card["balance"] = balance
         harness.first_defaults.cache_clear()
         harness._fresh_plan.cache_clear()
+
+
+WORLD = """
+CATALOG = {"bread": {"stock": 3}}
+CATALOG["milk"] = {"stock": 5}  # built on at the top level: taken as first seen, not from the source
+COUNTS = {"sold": 0}
+
+
+def _stock(item):
+    return _entry(item)["stock"]
+
+
+def _entry(item):  # reached through _stock: reads the data
+    return CATALOG[item]
+
+
+class Shop:
+    def sell(self, item):
+        CATALOG[item]["stock"] -= 1
+        return _stock(item)
+
+    @staticmethod
+    def price(item):
+        return 2 * _stock(item)
+
+    @classmethod
+    def count(cls):
+        COUNTS["sold"] += 1
+        return COUNTS["sold"]
+"""
+
+
+def test_a_fresh_subclass_copies_module_data_for_plain_static_and_class_methods_and_their_helpers(tmp_path):
+    import importlib.util
+
+    from seal_mini.envs.harness import fresh_subclass
+
+    (tmp_path / "shop_world.py").write_text(WORLD)
+    spec = importlib.util.spec_from_file_location("shop_world", tmp_path / "shop_world.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["shop_world"] = module
+    try:
+        spec.loader.exec_module(module)
+        a, b = fresh_subclass(module.Shop), fresh_subclass(module.Shop)
+        assert a().sell("bread") == 2 and a().sell("bread") == 1 and a.price("bread") == 2  # one copy per class
+        assert b().sell("bread") == 2 and b.price("milk") == 10  # another copy; milk as the module built it
+        assert a.count() == 1 and a.count() == 2 and b.count() == 1  # a class method's data is copied too
+        assert module.CATALOG["bread"]["stock"] == 3 and module.COUNTS["sold"] == 0  # the module untouched
+        shop = a()
+        assert type(copy.deepcopy(shop)) is a and type(pickle.loads(pickle.dumps(shop))) is a
+    finally:
+        del sys.modules["shop_world"]

@@ -276,7 +276,7 @@ def annotate_tool(tool: dict) -> dict:
 def system_text(state: InterfaceState, protocol: Protocol = QWEN_FC) -> str:
     """The system note of an interface state (empty when neither schema cues nor guidelines are on), for a
     model that writes calls as `protocol`'s handler reads them."""
-    parts = [SCHEMA_NOTE if protocol is QWEN_FC else PYTHON_CALLS[0]] if state.schema_cues else []
+    parts = [SCHEMA_NOTE if protocol == QWEN_FC else PYTHON_CALLS[0]] if state.schema_cues else []
     if state.guidelines:
         parts.append("\n".join([GUIDELINES_HEADER] + [f"- {GUIDELINES[g][1]}" for g in state.guidelines]))
     return "\n\n".join(parts)
@@ -299,7 +299,7 @@ def feedback(event: CallEvent, schema: dict | None, protocol: Protocol = QWEN_FC
     """phi_err: one line naming the error class and the violated constraint (schema facts only)."""
     cls = error_class(event)
     name, constraint = ERROR_CLASSES[cls]
-    if cls == "parse" and protocol is not QWEN_FC:
+    if cls == "parse" and protocol != QWEN_FC:
         constraint = PYTHON_CALLS[1]
     params = schema.get("properties", {}) if schema else {}
     required = [p for p in (schema or {}).get("required", []) if p not in (event.arguments or {})]

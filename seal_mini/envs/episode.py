@@ -194,7 +194,7 @@ class Episode:
             raise RuntimeError("step() after the episode ended; call reset()")
         turn = self.turns[-1]
         result = self._step(turn, text)
-        if not self.done and self.protocol is QWEN_FC and unwritable(text):
+        if not self.done and self.protocol == QWEN_FC and unwritable(text):
             # BFCL's chat history keeps this message's calls as its decoder found them, and its prompt
             # cannot write one of them: its loop stops the entry with an error at the next query, which
             # its scorer fails (a message with no later query does no harm)

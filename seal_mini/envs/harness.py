@@ -406,7 +406,14 @@ def source_literals(module_name: str) -> dict[str, object]:
     this process has changed them since."""
     tree = _module_tree(module_name)
     values: dict[str, object] = {}
+    touched: set[str] = set()  # names a later top-level statement uses (CATALOG["x"] = 3, X.update(...))
     for node in tree.body if tree else []:
+        if not isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else node
+            touched |= {n.id for n in ast.walk(value) if isinstance(n, ast.Name)} if value is not None else set()
+            if isinstance(node, ast.Assign):  # a target other than a plain name: X["k"] = ..., X.a = ...
+                targets = [t for t in node.targets if not isinstance(t, ast.Name)]
+                touched |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module.split(".")[0] == module_name.split(".")[0]:
                 source = source_literals(node.module)
@@ -418,7 +425,8 @@ def source_literals(module_name: str) -> dict[str, object]:
                     values[targets[0].id] = ast.literal_eval(node.value)
                 except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                     values.pop(targets[0].id, None)
-    return values
+    # what the top level builds on or changes is taken as first seen here, not from the source
+    return {name: value for name, value in values.items() if name not in touched}
 
 
 def _source_defaults(fn: types.FunctionType) -> tuple:
@@ -443,7 +451,7 @@ def first_defaults(cls: type) -> dict[str, tuple]:
     (TwitterAPI.post_tweet(tags=[], mentions=[])): as its source writes them, so they are what a fresh
     process starts with, whatever ran in this one (BFCL's own TwitterAPI may have grown them)."""
     out = {}
-    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
+    for name, (_, fn) in _methods(cls).items():
         if any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
             out[name] = _source_defaults(fn)
     return out
@@ -453,10 +461,11 @@ def first_defaults(cls: type) -> dict[str, tuple]:
 class _FreshPlan:
     """What a back-end class needs to start as in a fresh process (see fresh_class)."""
 
-    methods: dict[str, types.FunctionType]
-    """Methods (own or inherited) that read a mutable module global or have a mutable default."""
+    methods: dict[str, tuple[type, types.FunctionType]]
+    """Methods (own or inherited; plain, static or class methods, with their wrapper type) that read a
+    mutable module global, or call a module function that does, or have a mutable default."""
     helpers: dict[str, dict[str, types.FunctionType]]
-    """Per module: its top-level functions that read such a global (the methods may call them)."""
+    """Per module: its top-level functions those methods reach (rebuilt beside the fresh data)."""
     data: dict[str, bytes]
     """Per module: its mutable globals those functions read, as a fresh process has them (pickled)."""
 
@@ -466,24 +475,48 @@ def _reads_data(fn: types.FunctionType) -> set[str]:
 
 
 @cache
+def _reached(fn: types.FunctionType) -> tuple[types.FunctionType, ...]:
+    """fn and the functions of its own module it calls, and those they call, ..."""
+    out, todo = [fn], [fn]
+    while todo:
+        for name in _code_names(todo.pop().__code__):
+            f = fn.__globals__.get(name)
+            if isinstance(f, types.FunctionType) and f.__module__ == fn.__module__ and f not in out:
+                out.append(f)
+                todo.append(f)
+    return tuple(out)
+
+
+@cache
+def _touches_data(fn: types.FunctionType) -> bool:
+    """fn, or a function of its module it reaches, reads a mutable module global."""
+    return any(_reads_data(f) for f in _reached(fn))
+
+
+def _methods(cls: type) -> dict[str, tuple[type, types.FunctionType]]:
+    """name -> (wrapper: staticmethod, classmethod or FunctionType, function) of every method the class has,
+    the nearest definition in its MRO."""
+    out = {}
+    for klass in reversed(cls.__mro__[:-1]):  # object's own are not back-end code
+        for name, raw in vars(klass).items():
+            if isinstance(raw, (staticmethod, classmethod)) and isinstance(raw.__func__, types.FunctionType):
+                out[name] = (type(raw), raw.__func__)
+            elif isinstance(raw, types.FunctionType):
+                out[name] = (types.FunctionType, raw)
+    return out
+
+
+@cache
 def _fresh_plan(cls: type) -> _FreshPlan:
-    methods = {}
-    for name, fn in inspect.getmembers(cls, predicate=inspect.isfunction):
-        if _reads_data(fn) or any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
-            methods[name] = fn
-    helpers: dict[str, dict[str, types.FunctionType]] = {}
-    names: dict[str, set[str]] = {}
-    todo = list(methods.values())
-    while todo:  # the module functions those read, and the ones these read, ...
-        fn = todo.pop()
-        module = fn.__module__
-        names.setdefault(module, set()).update(_reads_data(fn))
-        for n in _code_names(fn.__code__):
-            f = fn.__globals__.get(n)
-            if isinstance(f, types.FunctionType) and f.__module__ == module and n not in helpers.get(module, {}):
-                if _reads_data(f):
-                    helpers.setdefault(module, {})[n] = f
-                    todo.append(f)
+    methods, helpers, names = {}, {}, {}
+    for name, (kind, fn) in _methods(cls).items():
+        reached = _reached(fn)
+        reads = set().union(*(_reads_data(f) for f in reached))
+        if reads or any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
+            methods[name] = (kind, fn)
+            names.setdefault(fn.__module__, set()).update(reads)
+            # the helpers on a path to the data, rebuilt beside it; the others may stay as they are
+            helpers.setdefault(fn.__module__, {}).update({f.__name__: f for f in reached[1:] if _touches_data(f)})
     data = {}
     for module, wanted in names.items():
         if wanted:
@@ -510,7 +543,11 @@ def fresh_class(class_name: str) -> type:
     defaults as the source writes them, its module data as the source writes it), shared by everything of
     the one episode or check, as in one fresh process (BFCL's checker gives the model's and the ground
     truth's instances the same module data); any other class is the class itself."""
-    cls = bfcl_class(class_name)
+    return fresh_subclass(bfcl_class(class_name))
+
+
+def fresh_subclass(cls: type) -> type:
+    """fresh_class of a class at hand."""
     plan = _fresh_plan(cls)
     if not plan.methods:
         return cls
@@ -522,15 +559,14 @@ def fresh_class(class_name: str) -> type:
             namespace[name] = _rebuilt(fn, namespace, copy.deepcopy(fn.__defaults__))
         namespaces[module] = namespace
     defaults = first_defaults(cls)
-    methods = {
-        name: _rebuilt(
-            fn, namespaces.get(fn.__module__, fn.__globals__), copy.deepcopy(defaults.get(name, fn.__defaults__))
-        )
-        for name, fn in plan.methods.items()
-    }
+    methods = {}
+    for name, (kind, fn) in plan.methods.items():
+        namespace = namespaces.get(fn.__module__, fn.__globals__)
+        rebuilt = _rebuilt(fn, namespace, copy.deepcopy(defaults.get(name, fn.__defaults__)))
+        methods[name] = rebuilt if kind is types.FunctionType else kind(rebuilt)
     # the same module and name as the class: it reads as that class everywhere (and shares its method list);
     # pickled (the diagnoser copies back ends so), an instance comes back as one of this very class
-    key = f"{class_name}:{next(_FRESH_COUNT)}"
+    key = f"{cls.__name__}:{next(_FRESH_COUNT)}"
     fresh = type(
         cls.__name__,
         (cls,),
@@ -552,7 +588,8 @@ def _fresh_instance(key: str):
 
 
 def _reduce_fresh(self, protocol: int):
-    return _fresh_instance, (type(self)._fresh_key,), dict(vars(self))
+    state = self.__getstate__() if hasattr(self, "__getstate__") else dict(vars(self))  # 3.11+ / 3.10
+    return _fresh_instance, (type(self)._fresh_key,), state
 
 
 def restore_module_data(class_names) -> None:

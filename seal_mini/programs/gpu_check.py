@@ -65,8 +65,9 @@ TRAIN = ["train.steps=2", "train.save_every=1", "train.eval_every=0", "data.max_
 """Two steps of two tasks, a checkpoint after each, no evaluation."""
 
 
-class StageTimeout(Exception):
-    """A stage ran past its cap."""
+class StageTimeout(BaseException):
+    """A stage ran past its cap (a BaseException: the `except Exception` of the code under test cannot
+    swallow it)."""
 
 
 @contextlib.contextmanager
@@ -346,7 +347,7 @@ def unsloth(check: Check) -> dict:
     """The design card's GPU loader (model.backend: unsloth) through one rollout: it runs, or the engine's
     refusal and its reason are recorded."""
     if importlib.util.find_spec("unsloth") is None:
-        return {"result": "not installed: install requirements-gpu.txt (from the wheel folder) to run this stage"}
+        return {"result": "not installed: SEAL_MINI_UNSLOTH=1 bash run.sh (with network) installs it"}
     from seal_mini.engine.policy import load_policy
     from seal_mini.engine.rollout import run_rollouts
     from seal_mini.programs.preflight import SyntheticEpisode
@@ -413,14 +414,15 @@ def resume(check: Check) -> dict:
         if straight.returncode:
             raise RuntimeError(f"the uninterrupted run failed: {straight.stderr[-2000:]}")
     killed_dir = check.work / "killed"
-    proc = subprocess.Popen(
-        [*command, "name=killed", "--restart"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
-    )
-    while proc.poll() is None and not (killed_dir / "checkpoint" / "step_0001" / "state.json").exists():
-        time.sleep(0.2)
-    killed_at = "after its first checkpoint" if proc.poll() is None else "it had ended before the kill"
-    proc.kill()
-    proc.wait()
+    with open(check.work / "killed.log", "w") as log:  # a pipe nobody reads would block the child
+        proc = subprocess.Popen([*command, "name=killed", "--restart"], stdout=log, stderr=log, env=env)
+        try:
+            while proc.poll() is None and not (killed_dir / "checkpoint" / "step_0001" / "state.json").exists():
+                time.sleep(0.2)
+            killed_at = "after its first checkpoint" if proc.poll() is None else "it had ended before the kill"
+        finally:  # never leave a training process on the card
+            proc.kill()
+            proc.wait()
     again = subprocess.run([*command, "name=killed"], capture_output=True, text=True, env=env)
     if again.returncode:
         raise RuntimeError(f"the rerun after the kill failed: {again.stderr[-2000:]}")
@@ -482,7 +484,7 @@ def run_check(out: Path, dry: bool, tokenizer: str = "", only: list[str] | None 
             with time_cap(cap if not dry else 10 * cap):  # a dry run's CPU is slower than any card
                 value = stage(check)
             status = "failed" if value.get("failures") else "ok"
-        except Exception as e:  # noqa: BLE001 - a failing stage is recorded and the next one runs
+        except (Exception, StageTimeout) as e:  # noqa: BLE001 - a failing stage is recorded, the next one runs
             value = {**check.partial, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             status = "timed out" if isinstance(e, StageTimeout) else "failed"
         result["stages"][name] = {"status": status, "seconds": round(time.perf_counter() - started, 1), **value}

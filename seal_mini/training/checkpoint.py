@@ -140,6 +140,8 @@ def checkpoint_problem(checkpoint: Path, fix: str) -> str:
     if not (checkpoint / DIGESTS).is_file():
         return ""
     digests = read_json(checkpoint / DIGESTS, fix)
+    if not isinstance(digests, dict):
+        return f"{checkpoint / DIGESTS}: not a mapping of part -> digest; {fix}"
     changed = [part for part in CHECKPOINT_PARTS if digests.get(part) != file_digest(checkpoint / part)]
     if changed:
         named = ", ".join(str(checkpoint / part) for part in changed)
