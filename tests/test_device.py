@@ -103,17 +103,15 @@ def test_gpu_memory_cap_sets_the_fraction_and_the_free_memory(monkeypatch):
 
 
 def test_peak_memory_is_read_from_the_card_on_a_gpu_and_from_the_process_on_a_cpu(monkeypatch):
-    from seal_mini.programs import preflight
-
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append("sync"))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: calls.append("reset"))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 5 * 2**30)
     monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda d=None: 6 * 2**30)
-    preflight._reset_peak(torch.device("cuda"))
-    assert preflight._peak(torch.device("cuda")) == {"peak_allocated_gb": 5.0, "peak_reserved_gb": 6.0}
-    assert calls == ["sync", "reset", "sync"]
-    assert set(preflight._peak(torch.device("cpu"))) == {"peak_rss_gb"}
+    device.reset_peak(torch.device("cuda"))
+    assert device.peak_memory(torch.device("cuda")) == {"peak_allocated_gb": 5.0, "peak_reserved_gb": 6.0}
+    assert calls == ["sync", "reset", "sync"]  # the peak waits for the card, so a time taken after it is whole
+    assert set(device.peak_memory(torch.device("cpu"))) == {"peak_rss_gb"}
 
 
 def test_versions_outside_the_supported_ranges_are_one_line_naming_them(monkeypatch):
@@ -176,3 +174,45 @@ def test_the_kv_budget_on_a_gpu_is_a_share_of_the_free_memory_within_the_cap(mon
     device.cap_memory(24, torch.device("cuda"))  # what preflight and gpu-check do for a 24 GB card
     assert kv_budget(on_gpu, RolloutConfig())[0] == int(GPU_KV_SHARE * 21 * 2**30)
     assert kv_budget(on_gpu, RolloutConfig(kv_budget_gb=4.0)) == (4 * 2**30, "rollout.kv_budget_gb")
+
+
+# --- the CUDA-only branches of the commands, through fakes (no card runs them in CI) --------------------------
+
+
+def test_gpu_check_reads_the_card_it_finds(monkeypatch, tmp_path):
+    from seal_mini.programs import gpu_check
+
+    props = type("Props", (), {"name": "NVIDIA H100", "major": 9, "minor": 0, "total_memory": 80 * 2**30})()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(gpu_check, "_driver", lambda: "570.86")
+    env = gpu_check.environment(gpu_check.Check(tmp_path, dry=False, tokenizer=""))
+    assert (env["gpu"], env["capability"], env["gpu_memory_gb"], env["bf16"]) == ("NVIDIA H100", "9.0", 80.0, True)
+    assert env["driver"] == "570.86" and env["cuda_available"] is True
+
+
+def test_gpu_check_squeezes_a_card_to_the_weights_plus_3_gb_and_gives_it_back(monkeypatch, tmp_path):
+    from seal_mini.programs import gpu_check
+
+    fake = FakeCuda(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 5 * 2**30)  # the weights
+    with gpu_check.squeezed(gpu_check.Check(tmp_path, dry=False, tokenizer=""), policy=None):
+        assert fake.fraction == pytest.approx(8 / 80)
+    assert fake.fraction == 1.0
+
+
+@pytest.mark.parametrize(("gpus", "local_world", "backend"), [(2, 2, "cpu:gloo,cuda:nccl"), (1, 2, "gloo")])
+def test_each_rank_takes_its_own_gpu_and_nccl_only_with_one_each(monkeypatch, capsys, gpus, local_world, backend):
+    from seal_mini import distributed
+
+    chosen, joined = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, timeout: joined.append(backend))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+    distributed.start()  # not joined for real: rank() stays 0, so this process prints the banner
+    assert chosen == [1 % gpus] and joined == [backend]
+    assert f"({backend}, {gpus} GPUs)" in capsys.readouterr().out

@@ -230,11 +230,26 @@ def test_a_model_folder_loads_in_full_precision_and_in_4bit(tmp_path):
         assert all(g is not None and torch.isfinite(g).all() for g in grads)
 
 
-def test_config_mistakes_are_config_errors(tmp_path):
+def test_config_mistakes_are_config_errors(tmp_path, monkeypatch):
     cpu = load_config(None, ["model.name=tiny-random", "device=cpu", "model.backend=unsloth"])
     with pytest.raises(ConfigError, match="unsloth needs a CUDA GPU"):
         resolve_backend(cpu, torch.device("cpu"))
     assert resolve_backend(load_config(None, ["model.backend=auto"]), torch.device("cpu")) == "hf"
+    import importlib.util
+
+    card, find_spec = torch.device("cuda"), importlib.util.find_spec  # on a card (never touched: only its type)
+    real = load_config(None, ["model.backend=unsloth"])
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "unsloth" else find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError, match="unsloth is not installed; pip install -r requirements-gpu.txt"):
+        resolve_backend(real, card)
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "unsloth" else find_spec(name, *a)
+    )
+    with pytest.raises(ConfigError, match="cannot load tiny-random"):
+        resolve_backend(cpu, card)
+    assert resolve_backend(real, card) == "unsloth"
     with pytest.raises(ConfigError, match="lora.adapter_path"):
         load_policy(load_config(None, ["model.name=tiny-random", "device=cpu", f"lora.adapter_path={tmp_path}"]))
     with pytest.raises(ConfigError, match="lora.target_modules"):

@@ -10,6 +10,7 @@ Everything here is about the machine, not the method:
   until_it_fits    the one out-of-memory retry: try, and after an out-of-memory error free the memory,
                    shrink a setting and try again (rollout waves and the update both use it).
   MemoryLimits     the smaller settings such an error left, for the rest of the process.
+  peak_memory      peak allocated / reserved GPU memory since `reset_peak`, or the CPU process's resident peak.
 The CUDA allocator setting the command line starts with is in seal_mini/__main__.py.
 """
 
@@ -183,6 +184,27 @@ def free_bytes(device: torch.device) -> int:
     if _cap_bytes is not None:
         free = min(free, _cap_bytes - torch.cuda.memory_reserved(device))
     return max(free, 0)
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak-memory window (on a GPU; the CPU's resident peak cannot be reset)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device) -> dict:
+    """Peak GPU memory since `reset_peak` (GB), waiting for the GPU first; the process's peak resident
+    memory on a CPU."""
+    import resource
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return {
+            "peak_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+            "peak_reserved_gb": round(torch.cuda.max_memory_reserved(device) / 2**30, 2),
+        }
+    return {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 
 
 def release_memory(device: torch.device) -> None:

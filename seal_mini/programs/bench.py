@@ -24,14 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 from seal_mini.config import CATEGORIES, ConfigError, load_config
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides: list[str]) -> dict:
@@ -41,6 +36,7 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
     if episodes < 1 or concurrent < 1:
         raise ConfigError("bench rollout: --episodes and --concurrent must be at least 1")
 
+    from seal_mini.engine.device import peak_memory
     from seal_mini.engine.policy import load_policy
     from seal_mini.engine.rollout import RolloutStats, run_rollouts
     from seal_mini.envs.bfcl import load_tasks
@@ -95,11 +91,8 @@ def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides
         "batched_tok_per_s": round(rate_many, 1),
         "speedup": round(rate_many / rate_one, 2),
         "model_tokens_per_sequence_token": many["stats"].summary()["model_tokens_per_sequence_token"],
-        "peak_rss_mb": round(_peak_rss_mb(), 1),
         "torch_threads": torch.get_num_threads(),
-        **(
-            {"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)} if policy.device.type == "cuda" else {}
-        ),
+        **peak_memory(policy.device),
     }
 
 

@@ -209,18 +209,18 @@ def preflights(check: Check) -> dict:
 def measured(module, names: list[str], device: torch.device, into: dict):
     """Wrap module.<name> for each name: seconds and peak memory of every call, summed and maxed into
     `into[name]` (peak allocated / reserved on a GPU, the process's peak resident memory on the CPU)."""
-    from seal_mini.programs.preflight import _peak, _reset_peak
+    from seal_mini.engine.device import peak_memory, reset_peak
 
     originals = {name: getattr(module, name) for name in names}
 
     def wrap(name: str, fn: Callable):
         def call(*args, **kwargs):
-            _reset_peak(device)
+            reset_peak(device)
             started = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                seconds, peak = time.perf_counter() - started, _peak(device)
+                seconds, peak = time.perf_counter() - started, peak_memory(device)
                 phase = into.setdefault(name, {"calls": 0, "seconds": 0.0})
                 phase["calls"] += 1
                 phase["seconds"] = round(phase["seconds"] + seconds, 2)
@@ -361,18 +361,12 @@ def unsloth(check: Check) -> dict:
     return {"result": "ran one rollout through the engine"}
 
 
-def out_of_memory(check: Check) -> dict:
-    """A rollout wave asked to hold 32 episodes under a memory cap that fits a few: the engine's recovery
-    (fewer episodes at once) must finish every one. On a dry run an out-of-memory error is raised for every
-    forward of more than 2 rows, as a card too small would."""
+@contextlib.contextmanager
+def squeezed(check: Check, policy):
+    """Memory for a few episodes at once, not 32: on a card, a cap at the weights plus 3 GB (a few 16k-token
+    slots of KV); on a dry run, an out-of-memory error for every forward of more than 2 rows."""
     from seal_mini.engine.device import cap_memory, uncap_memory
-    from seal_mini.engine.policy import load_policy
-    from seal_mini.engine.rollout import run_rollouts
-    from seal_mini.programs.preflight import SyntheticEpisode
 
-    cfg = load_config(MAIN, check.overrides(f"model.name={check.model}", "rollout.max_concurrent=32"))
-    policy = load_policy(cfg, banner=False)
-    hook = None
     if check.dry:
 
         def too_many_rows(module, args, kwargs):
@@ -381,16 +375,30 @@ def out_of_memory(check: Check) -> dict:
                 raise torch.OutOfMemoryError("CUDA out of memory (injected: more than 2 rows)")
 
         hook = policy.model.get_base_model().model.register_forward_pre_hook(too_many_rows, with_kwargs=True)
-    else:
-        used = torch.cuda.memory_allocated(check.device) / 2**30
-        cap_memory(used + 3.0, check.device)  # the weights and 3 GB: a few 16k-token slots of KV, not 32
-    envs = [SyntheticEpisode(f"o{k}", "Please help. " * 50, "ok " * 20, calls=2) for k in range(32)]
-    try:
-        trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, cfg.seed)
-    finally:
-        if hook is not None:
+        try:
+            yield
+        finally:
             hook.remove()
-        uncap_memory(check.device)
+    else:
+        cap_memory(torch.cuda.memory_allocated(check.device) / 2**30 + 3.0, check.device)
+        try:
+            yield
+        finally:
+            uncap_memory(check.device)
+
+
+def out_of_memory(check: Check) -> dict:
+    """A rollout wave asked to hold 32 episodes where memory fits a few (`squeezed`): the engine's recovery
+    (fewer episodes at once) must finish every one."""
+    from seal_mini.engine.policy import load_policy
+    from seal_mini.engine.rollout import run_rollouts
+    from seal_mini.programs.preflight import SyntheticEpisode
+
+    cfg = load_config(MAIN, check.overrides(f"model.name={check.model}", "rollout.max_concurrent=32"))
+    policy = load_policy(cfg, banner=False)
+    envs = [SyntheticEpisode(f"o{k}", "Please help. " * 50, "ok " * 20, calls=2) for k in range(32)]
+    with squeezed(check, policy):
+        trajs = run_rollouts(policy, envs, cfg.rollout, 1.0, cfg.seed)
     return {
         "episodes": len(trajs),
         "finished": sum(t.env.done for t in trajs),

@@ -30,7 +30,6 @@ import argparse
 import copy
 import json
 import math
-import resource
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from types import SimpleNamespace
 import torch
 
 from seal_mini.config import Config, ConfigError, load_config
+from seal_mini.engine.device import peak_memory, reset_peak
 from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.policy import SCRATCH, TINY
 from seal_mini.engine.scratch import CHAT_TEMPLATE
@@ -303,23 +303,6 @@ def synthetic_wave(cfg: Config, filler: _Filler, episodes: int, lengths: dict) -
 # --- measuring ----------------------------------------------------------------------------------------
 
 
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak(device: torch.device) -> dict:
-    """Peak GPU memory since the last reset (GB), or the process's peak resident memory on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        return {
-            "peak_allocated_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
-            "peak_reserved_gb": round(torch.cuda.max_memory_reserved(device) / 2**30, 2),
-        }
-    return {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
-
-
 def _memory_text(m: dict) -> str:
     if "peak_allocated_gb" in m:
         return f"peak allocated {m['peak_allocated_gb']:.2f} GB, reserved {m['peak_reserved_gb']:.2f} GB"
@@ -338,7 +321,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
     plain = _plain_tokens(policy)
     hook = lambda rows, so_far, logits: logits.masked_fill(~plain, float("-inf"))  # noqa: E731
     stats = RolloutStats()
-    _reset_peak(policy.device)
+    reset_peak(policy.device)
     started = time.perf_counter()
     trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, cfg.seed, stats=stats, logits_hook=hook)
     seconds = time.perf_counter() - started
@@ -354,7 +337,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
         "decode_tok_per_s": s["decode_tokens_per_s"],
         "longest_tokens": max(len(t.input_ids) for t in trajs),
         "typical_tokens": round(sum(len(t.input_ids) for t in trajs[G:]) / len(trajs[G:])),
-        **_peak(policy.device),
+        **peak_memory(policy.device),
     }, trajs
 
 
@@ -368,15 +351,14 @@ def update_phase(policy, cfg: Config, trajectory) -> dict:
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.train.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     advantages = torch.tensor([1.0, -1.0] * micro)[:micro]  # non-zero, so gradients flow
-    _reset_peak(policy.device)
+    reset_peak(policy.device)
     started = time.perf_counter()
     update(policy, optimizer, scheduler, [trajectory] * micro, advantages, one)
-    if policy.device.type == "cuda":
-        torch.cuda.synchronize(policy.device)
+    peak = peak_memory(policy.device)  # waits for the GPU, so the time below is the update's
     seconds = time.perf_counter() - started
     tokens = micro * len(trajectory.input_ids)
     del optimizer, scheduler
-    return {"sequences": micro, "tokens": tokens, "tok_per_s": round(tokens / seconds, 1), **_peak(policy.device)}
+    return {"sequences": micro, "tokens": tokens, "tok_per_s": round(tokens / seconds, 1), **peak}
 
 
 def projection(cfg: Config, rollout: dict, typical: dict) -> dict:
@@ -448,7 +430,7 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
         loaded = copy.deepcopy(cfg)
         loaded.model.name, loaded.model.gguf_file, loaded.lora.adapter_path = folder, "", ""
         loaded.sft.enabled = False  # the random model stands in for the warm start too
-        _reset_peak(device)
+        reset_peak(device)
         try:
             policy = load_policy(loaded)
         except torch.OutOfMemoryError:
@@ -457,7 +439,7 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
             )
             return {**result, "fits": False}, problems
     result["parameters_b"], result["parameters"] = round(params / 1e9, 2), params
-    result["load"] = _peak(device)
+    result["load"] = peak_memory(device)
     size = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
     print(f"[preflight] {cfg.model.name}: {size} parameters (random weights); load: {_memory_text(result['load'])}")
 
