@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from seal_mini import labels
-from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
+from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, WEIGHT_LEVELS
 from seal_mini.runio import FileError, atomic_write_text, load_yaml, read_text, reading
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
@@ -273,6 +273,13 @@ class DiagnosisConfig:
     """ema only: lower clip of the moving rho."""
     rho_max: float = 2.0
     """ema only: upper clip of the moving rho."""
+    weight_level: str = "trajectory"
+    """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token in proportion to
+    its own turn's clipped rho, scaled so the trajectory's mean token weight is still w_j), or any level added
+    to seal_mini/estimators.py."""
+    shuffle_weights: bool = False
+    """A control: each group's failed trajectories trade their labels at random before the weights are
+    computed, so the weights keep their sizes and carry no information about which failed how."""
     small_model: bool = False
     """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
     small_model_name: str = ""
@@ -287,6 +294,7 @@ class DiagnosisConfig:
         _check(not missing, f"{key}.rho", f"missing labels {missing}")
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
         _one_of(self.rho_update, ("fixed", "ema"), f"{key}.rho_update")
+        _one_of(self.weight_level, tuple(WEIGHT_LEVELS), f"{key}.weight_level")
         _check(0.0 <= self.rho_ema_decay <= 1.0, f"{key}.rho_ema_decay", "must be in [0, 1]")
         _check(self.rho_ema_count_scale > 0, f"{key}.rho_ema_count_scale", "must be > 0")
         _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")

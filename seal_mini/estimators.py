@@ -1,5 +1,6 @@
 """The update's named choices, each declared once beside its function: advantage estimators
-(train.adv_estimator) and loss aggregations (train.loss_agg).
+(train.adv_estimator), loss aggregations (train.loss_agg) and the level of the diagnostic weight
+(diagnosis.weight_level).
 
 LEARNER EDIT POINT: a new estimator or aggregation is one function and one entry in its table below;
 the config accepts the new name at once (it validates against these tables), and seal_mini.core.grpo
@@ -70,4 +71,29 @@ LOSS_AGGREGATIONS: dict[str, Callable[[Tensor, float, float, float], Tensor]] = 
     "token_mean": token_mean,
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_mean_token_sum": seq_mean_token_sum,
+}
+
+# --- the level of the diagnostic weight ----------------------------------------------------------------
+# Each maps, for one trajectory, u (K,) the clipped rho of each task turn's label and turn (T,) the task
+# turn of each token to a scale per token (T,) whose mean over the sampled tokens `mask` (T,) is 1. The
+# token's weight is then w_j times its scale: the trajectory's mean token weight stays w_j, the weight
+# the paper gives the whole trajectory (core/grpo.py: turn_scales).
+
+
+def trajectory_level(u: Tensor, turn: Tensor, mask: Tensor) -> Tensor:
+    """The paper and the authors' release: one weight for every token of the trajectory."""
+    return turn.new_ones(turn.shape, dtype=u.dtype)
+
+
+def turn_level(u: Tensor, turn: Tensor, mask: Tensor) -> Tensor:
+    """The weight where the diagnosis puts it: each token in proportion to its own turn's rho, so a failed
+    turn's tokens are louder (or quieter) than the passed turns' of the same trajectory."""
+    per_token = u[turn]  # (T,)
+    mean = (per_token * mask).sum() / mask.sum().clamp(min=1)
+    return per_token / mean
+
+
+WEIGHT_LEVELS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "trajectory": trajectory_level,
+    "turn": turn_level,
 }

@@ -14,6 +14,8 @@ from seal_mini.core.grpo import (
     group_advantages,
     loss_divisors,
     policy_loss,
+    shuffled_among_failures,
+    turn_scales,
     weighted_advantages,
 )
 from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
@@ -454,3 +456,60 @@ def test_k3_kl_is_clamped():
     loss.backward()
     # only the unclamped token has a gradient: d/dlogp (e^d - d - 1) = 1 - e^d = -6.389056, x 0.1 / 3 tokens
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.2129685, 0.0]]), atol=1e-6)
+
+
+# --- the turn-level variant and the shuffled control (diagnosis.weight_level, diagnosis.shuffle_weights) ---
+
+
+def test_turn_level_weights_by_hand():
+    # three task turns, the second failed (missing_tool_call, rho 1.5), the others passed (rho 1.0)
+    labels = ["pass", "missing_tool_call", "pass"]
+    starts = [2, 5, 8]  # turn 0's tokens from 2, turn 1's from 5, turn 2's from 8
+    mask = [0, 0, 1, 1, 0, 1, 1, 0, 1, 0]  # sampled: 2, 3 (turn 0), 5, 6 (turn 1), 8 (turn 2)
+    rho = dict(DEFAULT_RHO)
+    scale = turn_scales("turn", labels, starts, mask, rho, 0.5, 2.0)
+    # per sampled token rho 1, 1, 1.5, 1.5, 1: mean 6 / 5 = 1.2, so scales 1 / 1.2 and 1.5 / 1.2
+    expected = [1 / 1.2] * 5 + [1.5 / 1.2] * 3 + [1 / 1.2] * 2
+    assert scale.tolist() == pytest.approx(expected)
+    w = diagnostic_weights([{"pass": 2 / 3, "missing_tool_call": 1 / 3}], rho, 0.5, 2.0)[0]  # 7/6, the paper's
+    token_weights = w * scale
+    sampled = torch.tensor(mask, dtype=torch.bool)
+    assert float(token_weights[sampled].mean()) == pytest.approx(7 / 6)  # the trajectory's mean is still w_j
+    assert turn_scales("trajectory", labels, starts, mask, rho, 0.5, 2.0).tolist() == [1.0] * 10
+    # rho is clipped to [w_min, w_max] per turn before the spread: spurious_tool_call's 2.0 counts as 1.6
+    clipped = turn_scales("turn", ["spurious_tool_call", "pass", "pass"], starts, mask, rho, 0.5, 1.6)
+    assert clipped[2].item() == pytest.approx(1.6 / (2 * 1.6 + 3 * 1.0) * 5)
+    # a turn never played (not_reached, no start) and a trajectory without sampled tokens
+    assert turn_scales("turn", [*labels, "not_reached"], starts, mask, rho, 0.5, 2.0).tolist() == pytest.approx(
+        expected
+    )
+    assert turn_scales("turn", labels, [], [0] * 4, rho, 0.5, 2.0).tolist() == [1.0] * 4
+
+
+def test_per_token_advantages_give_the_hand_gradient():
+    logp = torch.zeros(1, 4, requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    adv = torch.tensor([[-0.5, -1.0, -2.0, 7.0]])  # the last token is not sampled: its value never counts
+    loss, _ = policy_loss(logp, torch.zeros(1, 4), None, adv, mask, clip_ratio=0.2, kl_coef=0.0)
+    loss.backward()
+    # ratio 1 everywhere: d/dlogp of -A_t * ratio / 3 is -A_t / 3 on sampled tokens
+    assert logp.grad[0].tolist() == pytest.approx([0.5 / 3, 1.0 / 3, 2.0 / 3, 0.0])
+    same = torch.zeros(1, 4, requires_grad=True)
+    flat, _ = policy_loss(same, torch.zeros(1, 4), None, torch.tensor([-1.0]), mask, 0.2, 0.0)
+    broadcast, _ = policy_loss(same, torch.zeros(1, 4), None, torch.full((1, 4), -1.0), mask, 0.2, 0.0)
+    assert flat.item() == broadcast.item()  # one advantage per sequence is one per token, all equal
+
+
+def test_shuffled_weights_trade_labels_among_a_groups_failures_only():
+    a, b, c, ok = ["missing_tool_call"], ["state_mismatch"], ["spurious_tool_call"], ["pass"]
+    labels = [ok, a, b, c, a, b, ok, ok]  # group 0: one success, three different failures; group 1: one failure
+    rewards = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    seen = set()
+    for seed in range(20):
+        out = shuffled_among_failures(labels, rewards, 4, torch.Generator().manual_seed(seed))
+        assert out[0] == ok and out[4:] == labels[4:]  # a success, and a group's only failure, keep theirs
+        assert sorted(map(tuple, out[1:4])) == sorted(map(tuple, labels[1:4]))  # the same labels, traded
+        seen.add(tuple(map(tuple, out[1:4])))
+    assert len(seen) == 6  # every order of the three failures occurs: the information is gone
+    flat = [b, a, b, a]  # a group whose rewards are all equal has no failure to trade (its advantages are 0)
+    assert shuffled_among_failures(flat, [0.0] * 4, 4, torch.Generator().manual_seed(0)) == flat

@@ -89,7 +89,7 @@ def assert_same(batched: list[Trajectory], reference: list[Trajectory]) -> float
         assert a.input_ids == b.input_ids, f"{where}: tokens differ at {first_difference(a.input_ids, b.input_ids)}"
         assert a.loss_mask == b.loss_mask, f"{where}: loss_mask differs at {first_difference(a.loss_mask, b.loss_mask)}"
         assert a.messages == b.messages and a.tools == b.tools, where
-        for name in ("task_id", "prompt_len", "truncated", "exact", "n_sampled", "n_messages", "n_cut"):
+        for name in ("task_id", "prompt_len", "truncated", "exact", "n_sampled", "n_messages", "n_cut", "turn_starts"):
             assert getattr(a, name) == getattr(b, name), f"{where}: {name} {getattr(a, name)} != {getattr(b, name)}"
         assert a.env.done and b.env.done, where
         assert len(a.old_logprobs) == len(b.old_logprobs) == len(a.input_ids), where

@@ -80,6 +80,18 @@ def sampled_spans(traj):
     return spans
 
 
+def first_message_of_each_turn(traj) -> list[int]:
+    """Where each task turn's first assistant message begins, read from the conversation: the k-th sampled
+    span is the k-th assistant message, and its turn is the count of user messages before it, less one."""
+    turns, users = [], 0
+    for m in traj.messages:
+        users += m["role"] == "user"
+        if m["role"] == "assistant":
+            turns.append(users - 1)
+    starts = [s for s, _ in sampled_spans(traj)]
+    return [starts[turns.index(k)] for k in range(max(turns) + 1)]
+
+
 def check_exact(policy, traj, forced):
     """Loss-mask-1 positions are exactly the forced tokens; the rest is the template's rendering."""
     r, ids = policy.renderer, traj.input_ids
@@ -111,6 +123,8 @@ def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
     for i, traj in enumerate(trajs):
         check_exact(policy, traj, script.forced[i])
         assert not traj.truncated and traj.env.done and traj.prompt_len > 1000
+        assert traj.turn_starts == first_message_of_each_turn(traj)  # where a turn-level weight begins
+    assert [len(t.turn_starts) for t in trajs] == [len(base.turns), len(reveal.turns), 2]
     assert [t.task_id for t in trajs] == [base.id, reveal.id, two_turns.id]
 
     # The ground truth, sampled token by token through the engine, passes the official checker.

@@ -21,8 +21,10 @@ def test_ablations_flip_the_same_switches_on_top_of_the_given_recipe():
         "no_env_adaptation": {("interface", "enabled"): False},
         "no_reweighting": {("train", "reweight"): False},
         "no_closed_loop": {("interface", "closed_loop"): False},
+        "shuffled_weights": {("diagnosis", "shuffle_weights"): True},
+        "turn_weights": {("diagnosis", "weight_level"): "turn"},
     }
-    for name in sweep.ABLATIONS:
+    for name in sweep.ABLATIONS + sweep.CONTROLS:
         flipped = load_config("recipes/cpu_learn.yaml", sweep.ablation_overrides(name)).to_dict()
         changed = {
             (section, key): value
@@ -173,6 +175,7 @@ def test_seeds_must_be_given(tmp_path, monkeypatch, capsys):
 def test_ablations_alone_mean_all_four_and_named_ones_only_those(tmp_path, monkeypatch):
     assert sweep.chosen_ablations(None) == [] and sweep.chosen_ablations("all") == list(sweep.ABLATIONS)
     assert sweep.chosen_ablations("no_closed_loop, vanilla_rl") == ["vanilla_rl", "no_closed_loop"]  # table order
+    assert sweep.chosen_ablations("turn_weights,no_reweighting") == ["no_reweighting", "turn_weights"]
     for bad in ("vanila_rl", ","):
         with pytest.raises(ConfigError, match="--ablations .*vanilla_rl, no_env_adaptation"):
             sweep.chosen_ablations(bad)

@@ -386,3 +386,48 @@ def test_a_checker_and_a_diagnoser_that_raise_cost_their_episodes_not_the_run(tm
     assert [r["charts/checker_raised"] for r in rows] == [4, 4]
     assert [r["charts/diagnosis_raised"] for r in rows] == [4, 4]
     assert all(r["charts/reward"] == 0.0 for r in rows)
+
+
+def test_the_turn_level_weights_and_the_shuffled_control_reach_the_update(tmp_path, monkeypatch):
+    """diagnosis.shuffle_weights: the weights are those of the labels the control hands back (its shuffle is
+    tested in test_grpo.py; here a stand-in relabels, so that wiring shows). diagnosis.weight_level=turn: the
+    update gets, per trajectory, grpo.turn_scales of those labels, whose mean over its sampled tokens is 1."""
+    from seal_mini.core.diagnose import trajectory_profile
+    from seal_mini.core.grpo import diagnostic_weights, turn_scales
+
+    monkeypatch.setattr(train_module, "score", fake_score)
+    calls, updates = [], []
+
+    def alternate(labels):
+        return [[("pass" if (i + k) % 2 else "missing_tool_call") for k in range(len(z))] for i, z in enumerate(labels)]
+
+    def relabel(labels, rewards, group_size, stream):
+        calls.append((labels, rewards, group_size))
+        return alternate(labels)
+
+    real_update = train_module.update
+
+    def record(*args):
+        updates.append((args[3], args[-1]))
+        return real_update(*args)
+
+    monkeypatch.setattr(train_module, "shuffled_among_failures", relabel)
+    monkeypatch.setattr(train_module, "update", record)
+    switches = ["diagnosis.weight_level=turn", "diagnosis.shuffle_weights=true", "train.steps=2"]
+    cfg = load_config(overrides=RESUME + switches + [f"out_dir={tmp_path}", "name=turn"])
+    train_module.train(cfg)
+    d, varied = cfg.diagnosis, 0
+    assert len(calls) == len(updates) == 2
+    for step, ((labels, rewards, group_size), (trajs, scales)) in enumerate(zip(calls, updates, strict=True)):
+        rows = read_jsonl_gz(cfg.run_dir / "trajectories" / f"step_{step:04d}.jsonl.gz")
+        assert labels == [r["labels"] for r in rows] and rewards == [r["reward"] for r in rows] and group_size == 2
+        weighed = alternate(labels)
+        weights, _ = diagnostic_weights([trajectory_profile(z) for z in weighed], d.rho, d.w_min, d.w_max)
+        assert [r["weight"] for r in rows] == pytest.approx(weights.tolist(), abs=1e-6)
+        assert len(set(weights.tolist())) > 1  # the relabelling shows in the weights
+        for t, s, z in zip(trajs, scales, weighed, strict=True):
+            assert torch.equal(s, turn_scales("turn", z, t.turn_starts, t.loss_mask, d.rho, d.w_min, d.w_max))
+            sampled = torch.tensor(t.loss_mask, dtype=torch.bool)
+            assert float(s[sampled].mean()) == pytest.approx(1.0, abs=1e-6)
+            varied += len(set(s[sampled].tolist())) > 1
+    assert varied  # some trajectory's turns weigh differently

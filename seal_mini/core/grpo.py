@@ -7,7 +7,9 @@ How this differs from textbook GRPO (paper, section "the loop", steps 5-7):
    config key away (train.adv_estimator; each is declared once, in seal_mini/estimators.py): dr_grpo, rloo.
 2. Each advantage is scaled by a diagnostic weight w_j = clip(sum_z p_j(z) rho(z), w_min, w_max) > 0,
    where p_j(z) is the share of trajectory j's turns labelled z. The weight is positive, so the
-   verifier alone decides the sign; the diagnosis only decides how loud the signal is.
+   verifier alone decides the sign; the diagnosis only decides how loud the signal is. Two kit variants
+   (diagnosis.weight_level: turn, and diagnosis.shuffle_weights, a control): the weight spread over the
+   tokens by each turn's label (turn_scales), and the labels permuted among a group's failures.
 3. The loss is the PPO clipped surrogate, a token-mean over the tokens the model sampled
    (loss_mask), plus a k3 KL term to the reference policy; no entropy bonus. Two other aggregations
    are a config key away (train.loss_agg, seal_mini/estimators.py). The log-ratios are clamped
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from seal_mini.config import DiagnosisConfig
-from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS
+from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, WEIGHT_LEVELS
 from seal_mini.labels import RHO_HELD
 
 PROFILE_KEYS = ("count", "prevalence", "success_rate")
@@ -97,6 +99,41 @@ def diagnostic_weights(
         "weights/clip_high_frac": float((raw_t > w_max).sum()) / n,
     }
     return w, metrics
+
+
+def turn_scales(
+    level: str,
+    labels: list[str],
+    turn_starts: list[int],
+    loss_mask: list[int],
+    rho: dict[str, float],
+    w_min: float,
+    w_max: float,
+) -> torch.Tensor:
+    """(T,) one trajectory's scale per token (mean 1 over its sampled tokens): w_j x scale is the token's weight.
+
+    `labels` has one label per task turn, `turn_starts` where each played turn's tokens begin (Trajectory).
+    u_k = clip(rho(z_k), w_min, w_max); diagnosis.weight_level picks how u becomes scales (estimators.py)."""
+    mask = torch.tensor(loss_mask, dtype=torch.float32)  # (T,)
+    if not turn_starts or not mask.any():
+        return torch.ones_like(mask)
+    u = torch.tensor([min(w_max, max(w_min, rho[z])) for z in labels], dtype=torch.float32)  # (K,)
+    starts = torch.tensor(turn_starts[: len(labels)])  # (K',)
+    turn = (torch.searchsorted(starts, torch.arange(len(loss_mask)), right=True) - 1).clamp(min=0)  # (T,)
+    return WEIGHT_LEVELS[level](u, turn, mask)
+
+
+def shuffled_among_failures(labels: list[list[str]], rewards: list[float], group_size: int, generator) -> list:
+    """The control of diagnosis.shuffle_weights: each group's failed trajectories (reward below the group's
+    best) trade their labels at random, so the weights keep their sizes and lose what they said about
+    which trajectory failed how. Successes, and groups with one failure or none, keep theirs."""
+    out = list(labels)
+    for g in range(0, len(labels), group_size):
+        best = max(rewards[g : g + group_size])
+        failed = [i for i in range(g, g + group_size) if rewards[i] < best]
+        for i, j in zip(failed, [failed[k] for k in torch.randperm(len(failed), generator=generator)], strict=True):
+            out[i] = labels[j]
+    return out
 
 
 def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -202,7 +239,7 @@ def policy_loss(
     B, T = logprobs.shape
     for name, t in (("old_logprobs", old_logprobs), ("loss_mask", loss_mask)):
         assert t.shape == (B, T), f"{name} shape {tuple(t.shape)} != logprobs shape {(B, T)}"
-    assert advantages.shape == (B,), f"advantages must be (B,) = ({B},), got {tuple(advantages.shape)}"
+    assert advantages.shape in ((B,), (B, T)), f"advantages must be (B,) or (B, T), got {tuple(advantages.shape)}"
     assert kl_coef == 0 or ref_logprobs is not None, "kl_coef > 0 needs ref_logprobs"
     assert clip_ratio > 0
 
@@ -221,7 +258,8 @@ def policy_loss(
     log_ratio = torch.where(mask, logp - old_logprobs.float(), zero)  # (B, T)
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)  # (B, T)
-    adv = advantages.float().to(logp.device)[:, None]  # (B, 1): the sequence's advantage on each token
+    adv = advantages.float().to(logp.device)  # (B,) the sequence's advantage, or (B, T) one per token
+    adv = adv[:, None] if adv.dim() == 1 else adv
     pg_unclipped = -adv * ratio  # (B, T)
     pg_clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)  # (B, T)
     pg = torch.maximum(pg_unclipped, pg_clipped)  # (B, T): the pessimistic of the two

@@ -19,6 +19,7 @@ from seal_mini.engine.sequences import (
     LogitsHook,
     Trajectory,
     episode_seed,
+    mark_turn,
     sample_tokens,
     scored_temperature,
     task_id,
@@ -84,6 +85,7 @@ def reference_rollout(
             budget = min(cfg.max_new_tokens, response_left, total_left)
             message: list[int] = []
             start = len(t.input_ids)
+            mark_turn(t, env, start)
             while True:
                 ids = torch.tensor([t.input_ids], device=policy.device)  # (1, T): the whole sequence so far
                 logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()  # (1, V)

@@ -79,6 +79,9 @@ class Trajectory:
     exact: bool = True
     """decode(input_ids) == render(messages). False only when the template rewrites an assistant
     message (e.g. strips whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+    turn_starts: list[int] = field(default_factory=list)
+    """Where the first assistant message of each task turn played begins: turn k's sampled tokens lie
+    from turn_starts[k] to the next start (the env's `turn_index`; all turn 0 for an env without one)."""
 
 
 LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
@@ -142,6 +145,12 @@ def episode_seed(seed: int | tuple[int, ...], task_id: str, sample: int) -> int:
     stream is the same whichever episodes run beside it, in whatever order."""
     key = "/".join(str(s) for s in (*(seed if isinstance(seed, tuple) else (seed,)), task_id, sample))
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+
+
+def mark_turn(t: Trajectory, env: EnvLike, start: int) -> None:
+    """A message begins at `start`: if it is the first of a task turn, record where (Trajectory.turn_starts)."""
+    while len(t.turn_starts) <= getattr(env, "turn_index", 0):
+        t.turn_starts.append(start)
 
 
 def task_id(env, index: int) -> str:
@@ -211,6 +220,7 @@ class Sequences:
         live.budget = min(cfg.max_new_tokens, response_left, total_left)
         live.limited = min(response_left, total_left) <= cfg.max_new_tokens
         live.message, live.start = [], len(t.input_ids)
+        mark_turn(t, live.env, live.start)
         assert live.budget >= 1, "a message begins only where at least one token fits"
 
     def sampled(self, live: LiveEpisode, token: int, logprob: float) -> bool:

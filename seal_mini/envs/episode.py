@@ -240,6 +240,11 @@ class Episode:
             self.turns[-1].ended_by = TRUNCATED
             self._end_episode([], [], TRUNCATED)
 
+    @property
+    def turn_index(self) -> int:
+        """The task turn being played (the rollout engine marks where each turn's tokens begin)."""
+        return len(self.turns) - 1
+
     # -- records for the verifier and the diagnoser ------------------------------------------------
 
     def checker_input(self) -> list[list[list[str]]]:

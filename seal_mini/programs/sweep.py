@@ -39,7 +39,10 @@ from seal_mini.runio import atomic_write_text, read_json, read_jsonl_gz, read_ya
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root: recipes/ablations/ lies there."""
 ABLATIONS = ("vanilla_rl", "no_env_adaptation", "no_reweighting", "no_closed_loop")
-"""recipes/ablations/<name>.yaml, in the order of the table."""
+"""The paper's ablations, recipes/ablations/<name>.yaml, in the order of the table: a bare --ablations runs these."""
+CONTROLS = ("shuffled_weights", "turn_weights")
+"""The kit's variants of the diagnostic weight (recipes/ablations/<name>.yaml too), run when named: the
+weights traded among a group's failures (their size kept, their information gone), and turn-level weights."""
 PAPER = {
     "warm start": ("backbone (Qwen2.5-7B-Instruct)", 14.00),
     "seal": ("SEAL", 40.25),
@@ -78,7 +81,7 @@ def ablation_overrides(name: str, folder: Path = ROOT / "recipes" / "ablations")
 
 
 def chosen_ablations(given: str | None) -> list[str]:
-    """--ablations: absent = none, bare = all four, else the comma-separated names (in table order)."""
+    """--ablations: absent = none, bare = the paper's four, else the comma-separated names (in table order)."""
     if given is None:
         return []
     if given == "all":
@@ -89,13 +92,14 @@ def chosen_ablations(given: str | None) -> list[str]:
             "put key=value overrides before the flags: sweep RECIPE key=value --seeds N --ablations"
         )
     names = [n.strip() for n in given.split(",") if n.strip()]
-    unknown = [n for n in names if n not in ABLATIONS]
+    unknown = [n for n in names if n not in ABLATIONS + CONTROLS]
     if unknown or not names:
         raise ConfigError(
             f"sweep: --ablations {given!r}: unknown ablation {unknown[0] if unknown else '(none named)'}; "
-            f"name some of {', '.join(ABLATIONS)} (comma-separated), or give --ablations alone for all four"
+            f"name some of {', '.join(ABLATIONS + CONTROLS)} (comma-separated), or give --ablations alone for the "
+            "paper's four"
         )
-    return [n for n in ABLATIONS if n in names]
+    return [n for n in ABLATIONS + CONTROLS if n in names]
 
 
 def variants(ablations: list[str]) -> dict[str, list[str]]:
@@ -305,7 +309,7 @@ def main(argv: list[str]) -> int:
         nargs="?",
         const="all",
         metavar="NAME,...",
-        help=f"also the ablations of recipes/ablations/: alone, all four; or some of {','.join(ABLATIONS)}",
+        help=f"also the ablations of recipes/ablations/: alone, the paper's four; or some of {','.join(ABLATIONS + CONTROLS)}",
     )
     parser.add_argument("--last", type=int, default=3, help="a run scores the mean of its last N held-in evaluations")
     parser.add_argument(

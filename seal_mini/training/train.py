@@ -34,13 +34,20 @@ from tqdm import tqdm
 
 from seal_mini.config import Config
 from seal_mini.core.diagnose import diagnose_turns, failure_profile, trajectory_profile
-from seal_mini.core.grpo import diagnostic_weights, ema_rho, group_advantages, weighted_advantages
+from seal_mini.core.grpo import (
+    diagnostic_weights,
+    ema_rho,
+    group_advantages,
+    shuffled_among_failures,
+    turn_scales,
+    weighted_advantages,
+)
 from seal_mini.core.interface import Interface, InterfaceState, evolve
 from seal_mini.core.judge import judge_from_config
 from seal_mini.distributed import check_same, check_same_weights, from_rank0, gather_in_order, is_main, rank_positions
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.rollout import run_rollouts
-from seal_mini.engine.sequences import Trajectory, sample_numbers
+from seal_mini.engine.sequences import Trajectory, episode_seed, sample_numbers
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS
@@ -128,9 +135,20 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         rho_metrics = {}
         if cfg.diagnosis.rho_update == "ema" and profile:
             state.rho, rho_metrics = ema_rho(state.rho, profile, cfg.diagnosis)
+        scales = None  # the turn-level variant: w_j spread over trajectory j's tokens by its turns' labels
         if cfg.train.reweight and cfg.train.diagnose:
-            shares = [trajectory_profile(z) for z in labels]
-            weights, w_metrics = diagnostic_weights(shares, state.rho, cfg.diagnosis.w_min, cfg.diagnosis.w_max)
+            dc = cfg.diagnosis
+            weighed = labels
+            if dc.shuffle_weights:  # the control: the same weights, their information removed
+                stream = torch.Generator().manual_seed(episode_seed((cfg.seed, step), "shuffle_weights", 0))
+                weighed = shuffled_among_failures(labels, rewards, G, stream)
+            shares = [trajectory_profile(z) for z in weighed]
+            weights, w_metrics = diagnostic_weights(shares, state.rho, dc.w_min, dc.w_max)
+            if dc.weight_level != "trajectory":
+                scales = [
+                    turn_scales(dc.weight_level, weighed[i], t.turn_starts, t.loss_mask, state.rho, dc.w_min, dc.w_max)
+                    for i, t in zip(local, trajs, strict=True)
+                ]
         else:
             weights, w_metrics = torch.ones(len(episodes)), {"weights/mean": 1.0}
         adv = weighted_advantages(adv, weights)
@@ -140,7 +158,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         loss_metrics = {}
         if cfg.train.update:  # off only in a control run that shows what the update contributes
             with tqdm(desc=f"step {step} update", unit="seq", leave=False, disable=quiet) as bar:
-                loss_metrics = update(policy, optimizer, scheduler, trajs, adv[local], cfg, local, progress=bar)
+                loss_metrics = update(policy, optimizer, scheduler, trajs, adv[local], cfg, local, bar, scales)
         t_update = time.perf_counter() - t1
         check_same_weights(policy.trainable_parameters())  # several ranks: each took the same step
 

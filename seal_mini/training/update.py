@@ -52,6 +52,7 @@ def update(
     cfg: Config,
     positions: list[int] | None = None,
     progress: tqdm | None = None,
+    scales: list[torch.Tensor] | None = None,
 ):
     """One pass of clipped policy-gradient steps: mini-batches of tasks, micro-batches of sequences.
 
@@ -67,7 +68,10 @@ def update(
     the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits).
 
     `progress` (a tqdm bar) counts this rank's sequences through a forward pass: its total is set here (each
-    sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back."""
+    sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back.
+
+    `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
+    is then advantages[i] x scales[i][t] (grpo.turn_scales)."""
     model, tc = policy.model, cfg.train
     progress = tqdm(disable=True) if progress is None else progress
     params = policy.trainable_parameters()
@@ -104,7 +108,8 @@ def update(
             continue
         batch = [trajectories[i] for i in mini]
         bar_start = progress.n
-        attempt = partial(accumulate_gradients, policy, batch, advantages[mini], counts, cfg, progress)
+        adv = advantages[mini] if scales is None else [(advantages[i] * scales[i]).tolist() for i in mini]
+        attempt = partial(accumulate_gradients, policy, batch, adv, counts, cfg, progress)
         mini_sums = until_it_fits(attempt, redo_smaller, policy.device)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
         mini_sums = all_reduce_sums(mini_sums)
@@ -145,13 +150,14 @@ def update(
 def accumulate_gradients(
     policy,
     trajectories: list[Trajectory],
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | list[list[float]],
     counts: MiniBatchCounts,
     cfg: Config,
     progress: tqdm,
 ) -> dict[str, float]:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
-    `progress` (a tqdm bar) advances by each micro-batch's sequences."""
+    `advantages` is one per sequence (B,), or a list of one per token for each sequence. `progress` (a tqdm
+    bar) advances by each micro-batch's sequences."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -164,7 +170,10 @@ def accumulate_gradients(
             with torch.no_grad(), policy.reference():
                 ref = token_logprobs(model, ids, attention, mask, chunk, temperature)  # (b, T)
         logp = token_logprobs(model, ids, attention, mask, chunk, temperature)  # (b, T)
-        micro_adv = advantages[m : m + micro_batch].to(policy.device)  # (b,)
+        micro_adv = advantages[m : m + micro_batch]  # (b,), or b lists of T_i
+        micro_adv = (right_pad(micro_adv, torch.float32) if isinstance(micro_adv, list) else micro_adv).to(
+            policy.device
+        )
         divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm)  # (b,)
         loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
         loss.backward()
