@@ -31,3 +31,31 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if not (item.get_closest_marker("unit") or item.get_closest_marker("slow")):
             item.add_marker(pytest.mark.integration)
+
+
+TINY_QWEN3 = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,  # wider than hidden / heads, as Qwen3's 128 is: the KV arithmetic must read head_dim
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+}
+"""A tiny random Qwen3 (query and key norms, explicit head_dim) with the tiny tokenizer's vocabulary."""
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    """The folder of a tiny random Qwen3 causal LM, built offline from its config."""
+    import torch
+
+    from seal_mini.engine.tiny import tiny_tokenizer
+    from seal_mini.programs.preflight import write_random_model
+
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path_factory.mktemp("tiny_qwen3")
+    write_random_model({**TINY_QWEN3, "vocab_size": len(tokenizer)}, folder, tokenizer, torch.device("cpu"))
+    return str(folder)

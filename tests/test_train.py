@@ -85,13 +85,19 @@ RESUME = TINY + [
 ]
 
 
-def test_resume_is_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize("model", ["tiny-random", "qwen3"])
+def test_resume_is_exact(tmp_path, monkeypatch, request, model):
+    """Four steps straight, and the same run stopped after step 2's checkpoint and resumed: the same adapter
+    and metrics, bit for bit. Also on a tiny Qwen3 (tests/test_backbones.py), whose steps train it."""
     monkeypatch.setattr(train_module, "score", fake_score)
-    straight = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=straight"])
+    run = RESUME + [f"out_dir={tmp_path}"]
+    if model == "qwen3":
+        run += [f"model.name={request.getfixturevalue('tiny_qwen3')}", "model.tool_format=bfcl"]
+    straight = load_config(overrides=run + ["name=straight"])
     train_module.train(straight)
 
     # the same run, interrupted right after the checkpoint of step 2, then resumed
-    broken = load_config(overrides=RESUME + [f"out_dir={tmp_path}", "name=resumed"])
+    broken = load_config(overrides=run + ["name=resumed"])
     real_save = checkpoint_module.save_checkpoint
 
     def save_then_stop(run_dir, policy, optimizer, scheduler, state):

@@ -6,7 +6,8 @@ H100-class card, with nothing left to write. It runs a fixed sequence of stages,
 stages under "stages", rewritten after each one, so a cut run keeps what it did) and DIR/gpu_check.log:
   environment        torch / CUDA / driver / capability, bf16, bitsandbytes and its CUDA library, the
                      versions against the kit's supported ranges;
-  preflight          `preflight` of qwen2_5_3b at --gpu-mem-gb 24 and 16, qwen2_5_7b and toolace2 at 24;
+  preflight          `preflight` of qwen2_5_3b at --gpu-mem-gb 24 and 16, qwen2_5_7b, toolace2 and
+                     qwen3_4b_instruct_2507 at 24;
   train_steps        two training steps of qwen2_5_3b's whole code path (4-bit + LoRA, BFCL prompts,
                      rollouts, checker, diagnosis, update, checkpoint) with random weights of its real
                      shape: seconds and peak allocated / reserved memory per phase;
@@ -48,6 +49,7 @@ PREFLIGHTS = (
     (MAIN, 16),
     ("recipes/qwen2_5_7b.yaml", 24),
     ("recipes/toolace2_llama3_1_8b.yaml", 24),
+    ("recipes/qwen3_4b_instruct_2507.yaml", 24),
 )
 """(recipe, --gpu-mem-gb) of the preflight stage."""
 SMALL = ["rollout.group_size=4", "rollout.max_concurrent=8", "train.tasks_per_step=2", "train.mini_batch_tasks=1"]
@@ -447,12 +449,12 @@ def resume(check: Check) -> dict:
 
 STAGES: tuple[tuple[str, Callable[[Check], dict], int], ...] = (
     ("environment", environment, 20),
-    ("preflight", preflights, 180),
+    ("preflight", preflights, 200),
     ("train_steps", train_steps, 80),
     ("engine_vs_generate", engine_vs_generate, 45),
     ("unsloth", unsloth, 20),
     ("out_of_memory", out_of_memory, 30),
-    ("resume", resume, 105),
+    ("resume", resume, 85),
 )
 """(name, stage, its time cap in seconds): 480 s at most on a card, the process's own start aside."""
 

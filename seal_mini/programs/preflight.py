@@ -50,6 +50,16 @@ from seal_mini.runio import read_json
 # The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
 # fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
 _QWEN = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 32768}
+_QWEN3 = {  # Qwen3: 36 layers, 32 query and 8 KV heads of 128 (wider than hidden / heads), q and k normed
+    **_QWEN,
+    "model_type": "qwen3",
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+}
 _LLAMA31_8B = {
     "model_type": "llama",
     "hidden_size": 4096,
@@ -91,6 +101,15 @@ KNOWN_SHAPES = {
         "vocab_size": 152064,
         "tie_word_embeddings": False,
     },
+    "Qwen/Qwen3-4B-Instruct-2507": {
+        **_QWEN3,
+        "hidden_size": 2560,
+        "intermediate_size": 9728,
+        "rope_theta": 5e6,
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": True,
+    },
+    "Qwen/Qwen3-8B": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False},
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     "Team-ACE/ToolACE-2-Llama-3.1-8B": _LLAMA31_8B,
 }
