@@ -33,29 +33,58 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.integration)
 
 
-TINY_QWEN3 = {
-    "model_type": "qwen3",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,  # wider than hidden / heads, as Qwen3's 128 is: the KV arithmetic must read head_dim
-    "max_position_embeddings": 40960,
-    "tie_word_embeddings": True,
+TINY_SHAPES = {
+    "qwen3": {  # query and key norms; a head_dim wider than hidden / heads, as Qwen3's 128 is
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    },
+    "qwen3_5": {  # Qwen3.5's text model: three gated delta-net layers, then one full-attention layer
+        "model_type": "qwen3_5_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+    },
 }
-"""A tiny random Qwen3 (query and key norms, explicit head_dim) with the tiny tokenizer's vocabulary."""
+"""Tiny random backbones of the architectures the recipes name beyond Qwen2 / Llama, with the tiny
+tokenizer's vocabulary (tests/test_backbones.py)."""
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory):
-    """The folder of a tiny random Qwen3 causal LM, built offline from its config."""
+def tiny_backbone(tmp_path_factory):
+    """kind -> the folder of a tiny random model of that architecture (TINY_SHAPES), built offline once."""
     import torch
 
     from seal_mini.engine.tiny import tiny_tokenizer
     from seal_mini.programs.preflight import write_random_model
 
-    tokenizer = tiny_tokenizer()
-    folder = tmp_path_factory.mktemp("tiny_qwen3")
-    write_random_model({**TINY_QWEN3, "vocab_size": len(tokenizer)}, folder, tokenizer, torch.device("cpu"))
-    return str(folder)
+    folders: dict[str, str] = {}
+
+    def build(kind: str) -> str:
+        if kind not in folders:
+            tokenizer = tiny_tokenizer()
+            folder = tmp_path_factory.mktemp(f"tiny_{kind}")
+            write_random_model(
+                {**TINY_SHAPES[kind], "vocab_size": len(tokenizer)}, folder, tokenizer, torch.device("cpu")
+            )
+            folders[kind] = str(folder)
+        return folders[kind]
+
+    return build

@@ -1,47 +1,56 @@
-"""Backbones other than the recipes' Qwen2.5 through the same engine: a tiny random Qwen3 built from its
-config (query / key norms, a head_dim wider than hidden / heads). The rollout engine must give the tokens
-`model.generate` gives and the plain loop's (seal_mini.engine.reference) at 1, 3 and 8 episodes at once,
-its KV slots must stay within their budget, and training must take a step and resume bit-exact
-(tests/test_train.py runs its resume test on this model too)."""
+"""Backbones beyond the recipes' Qwen2.5 and Llama through the same engine, as tiny random models built from
+their configs (tests/conftest.py: TINY_SHAPES): Qwen3 (query / key norms, a head_dim wider than hidden /
+heads) and Qwen3.5's hybrid text model (three gated delta-net layers with recurrent and conv states, then one
+full-attention layer). For each, the rollout engine must give the tokens `model.generate` gives and the plain
+loop's (seal_mini.engine.reference) at 1, 3 and 8 episodes at once and when sampled groups share their
+prompt, hold its cache within its budget, and the update's log-probs must be a plain forward's. Training
+takes steps and resumes bit-exact on both (tests/test_train.py: test_resume_is_exact)."""
 
 import dataclasses
 
 import pytest
 import torch
+from conftest import TINY_SHAPES
 
 from seal_mini.config import load_config
+from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.reference import reference_rollout
-from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts
+from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts, state_bytes_per_slot
+from seal_mini.engine.sequences import sample_numbers, task_id
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
 
 TASKS = list(tasks_by_id(["base"]).values())[:8]
+CLASSES = {"qwen3": "Qwen3ForCausalLM", "qwen3_5": "Qwen3_5ForCausalLM"}
 
 
-@pytest.fixture(scope="module")
-def qwen3(tiny_qwen3):
-    cfg = load_config(None, [f"model.name={tiny_qwen3}", "device=cpu", "model.tool_format=bfcl"])
-    cfg.rollout = dataclasses.replace(cfg.rollout, max_new_tokens=12, max_response_tokens=36)
-    return load_policy(cfg), cfg
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def backbone(request, tiny_backbone):
+    """(kind, policy, config, the first three tasks' episodes through the plain loop, greedy: one full forward
+    per token of a BFCL prompt is slow, so the rest are held against `model.generate` only)."""
+    kind = request.param
+    cfg = load_config(None, [f"model.name={tiny_backbone(kind)}", "device=cpu", "model.tool_format=bfcl"])
+    cfg.rollout = dataclasses.replace(cfg.rollout, max_new_tokens=12, max_response_tokens=30)
+    policy = load_policy(cfg, banner=False)
+    plain = [reference_rollout(policy, Episode(task), cfg.rollout, 0.0, 0) for task in TASKS[:3]]
+    return kind, policy, cfg, plain
 
 
-@pytest.fixture(scope="module")
-def plain(qwen3):
-    """Each task's episode through the plain loop (one full forward per token), once for every n."""
-    policy, cfg = qwen3
-    return [reference_rollout(policy, Episode(task), cfg.rollout, 0.0, 0) for task in TASKS]
+def assert_same(trajs, plain):
+    for traj, ref in zip(trajs, plain, strict=True):
+        assert traj.input_ids == ref.input_ids and traj.turn_starts == ref.turn_starts, traj.task_id
+        gap = max(abs(a - b) for a, b in zip(traj.old_logprobs, ref.old_logprobs, strict=True))
+        assert gap < 1e-5, f"{traj.task_id}: old log-probs differ by {gap:.1e}"
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_the_engine_gives_generates_tokens_and_the_plain_loops(qwen3, plain, n):
-    policy, cfg = qwen3
-    assert type(policy.model.get_base_model()).__name__ == "Qwen3ForCausalLM"
+def test_the_engine_gives_generates_tokens_and_the_plain_loops(backbone, n):
+    kind, policy, cfg, plain = backbone
+    assert type(policy.model.get_base_model()).__name__ == CLASSES[kind]
     trajs = run_rollouts(policy, [Episode(t) for t in TASKS[:n]], cfg.rollout, 0.0, 0)
-    for task, traj, ref in zip(TASKS, trajs, plain, strict=False):
-        assert traj.input_ids == ref.input_ids and traj.turn_starts == ref.turn_starts, task.id
-        gap = max(abs(a - b) for a, b in zip(traj.old_logprobs, ref.old_logprobs, strict=True))
-        assert gap < 1e-5, f"{task.id}: old log-probs differ by {gap:.1e}"
+    assert_same(trajs[:3], plain[:n])
+    for traj in trajs:
         first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]  # first message
         prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
         with torch.no_grad():
@@ -52,19 +61,105 @@ def test_the_engine_gives_generates_tokens_and_the_plain_loops(qwen3, plain, n):
                 do_sample=False,
                 eos_token_id=list(policy.renderer.stop_ids),
             )
-        assert out[0, traj.prompt_len :].tolist() == first, task.id
+        assert out[0, traj.prompt_len :].tolist() == first, traj.task_id
     assert sum(t.n_messages for t in trajs) > n  # episodes went on past their first message
 
 
-def test_kv_slots_read_qwen3s_head_dim_and_stay_within_their_budget(qwen3, tiny_qwen3):
-    from conftest import TINY_QWEN3
+def test_sampled_groups_share_their_prompt_and_still_draw_the_plain_loops_tokens(backbone):
+    """Samples of one task share their prompt's prefill (for Qwen3.5 its linear layers' states too); three
+    slots for four episodes, so an episode also moves into a freed slot."""
+    kind, policy, cfg, _ = backbone
+    envs = lambda: [Episode(TASKS[k]) for k in (0, 0, 1, 1)]  # noqa: E731
+    stats = RolloutStats()
+    batched = run_rollouts(policy, envs(), dataclasses.replace(cfg.rollout, max_concurrent=3), 1.0, 5, stats=stats)
+    fresh = envs()
+    samples = sample_numbers([task_id(env, i) for i, env in enumerate(fresh)])
+    plain = [reference_rollout(policy, env, cfg.rollout, 1.0, 5, samples[i], i) for i, env in enumerate(fresh)]
+    assert_same(batched, plain)
+    saved = stats.summary()["sequence_tokens"] - stats.model_tokens
+    assert saved > min(t.prompt_len for t in batched) // 2  # a prompt was shared, not run again
 
-    policy, cfg = qwen3
-    per_token = kv_bytes_per_token(policy.model.get_base_model().config, policy.dtype)
-    c = TINY_QWEN3
-    assert per_token == c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2 * 4  # not hidden / heads
-    budget = 3 * cfg.rollout.max_total_tokens * per_token  # three slots
+
+def test_the_cache_holds_keys_and_values_of_full_attention_layers_and_states_of_linear_ones(backbone):
+    kind, policy, cfg, _ = backbone
+    shape = TINY_SHAPES[kind]
+    config = policy.model.get_base_model().config
+    full = (shape.get("layer_types") or ["full_attention"] * shape["num_hidden_layers"]).count("full_attention")
+    assert kv_bytes_per_token(config, policy.dtype) == full * shape["num_key_value_heads"] * shape["head_dim"] * 2 * 4
+    if kind == "qwen3_5":  # 3 layers x (conv: (2 x 2 x 16 + 4 x 16) channels x 4, fp32; recurrent 4 x 16 x 16, fp32)
+        assert state_bytes_per_slot(config, policy.dtype) == 3 * (128 * 4 * 4 + 4 * 16 * 16 * 4)
+    else:
+        assert state_bytes_per_slot(config, policy.dtype) == 0
+    per_slot = cfg.rollout.max_total_tokens * kv_bytes_per_token(config, policy.dtype)
+    budget = 3 * (per_slot + state_bytes_per_slot(config, policy.dtype))  # three slots
     rollout = dataclasses.replace(cfg.rollout, kv_budget_gb=budget / 2**30)
     stats = RolloutStats()
     trajs = run_rollouts(policy, [Episode(t) for t in TASKS], rollout, 1.0, 0, stats=stats)
     assert stats.concurrency == 3 and stats.kv_cache_bytes <= budget and all(t.env.done for t in trajs)
+
+
+def test_the_updates_log_probs_are_a_plain_forwards(backbone):
+    """A right-padded batch of episodes of different lengths, as the update runs it, against each alone."""
+    kind, policy, cfg, plain = backbone
+    trajs = sorted(plain[:3], key=lambda t: len(t.input_ids))
+    assert len({len(t.input_ids) for t in trajs}) > 1  # padding is there to get wrong
+    ids = right_pad([t.input_ids for t in trajs], torch.long)
+    attention = right_pad([[1] * len(t.input_ids) for t in trajs], torch.long)
+    mask = right_pad([t.loss_mask for t in trajs], torch.float32)
+    with torch.no_grad():
+        batched = token_logprobs(policy.model, ids, attention, mask, 64, 1.0)
+        gap = 0.0
+        for row, t in enumerate(trajs):
+            n = len(t.input_ids)
+            one = ids[row : row + 1, :n]
+            alone = token_logprobs(policy.model, one, torch.ones_like(one), mask[row : row + 1, :n], 64, 1.0)
+            gap = max(gap, float((batched[row, :n] - alone[0]).abs().max()))
+            sampled = torch.tensor(t.loss_mask, dtype=torch.bool)
+            assert torch.allclose(alone[0][sampled], torch.tensor(t.old_logprobs)[sampled], atol=1e-5)
+    print(f"{kind}: largest |batched - alone| log-prob gap {gap:.1e}")
+    assert gap < 1e-5
+
+
+def test_qwen3_5_in_4_bit_with_lora_on_its_linear_layers(tiny_backbone):
+    """As recipes/qwen3_5_4b.yaml loads it (bitsandbytes' 4-bit, here its CPU backend): every projection of
+    the linear layers is 4-bit with an adapter, the conv and the decay parameters stay as they are, and the
+    engine still gives `model.generate`'s greedy tokens."""
+    targets = load_config("recipes/qwen3_5_4b.yaml").lora.target_modules
+    cfg = load_config(
+        None,
+        [f"model.name={tiny_backbone('qwen3_5')}", "device=cpu", "model.tool_format=bfcl", "model.cpu_4bit=true"]
+        + [f"lora.target_modules={targets}", "rollout.max_new_tokens=8", "rollout.max_response_tokens=8"],
+    )
+    policy = load_policy(cfg, banner=False)
+    linear = policy.model.get_base_model().model.layers[0].linear_attn
+    for name in ("in_proj_qkv", "in_proj_z", "out_proj"):
+        layer = getattr(linear, name)
+        assert type(layer.base_layer).__name__ == "Linear4bit" and "default" in layer.lora_A, name
+    assert type(linear.conv1d).__name__ == "Conv1d" and not linear.A_log.requires_grad
+    traj = run_rollouts(policy, [Episode(TASKS[0])], cfg.rollout, 0.0, 0)[0]
+    prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
+    first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]
+    with torch.no_grad():
+        out = policy.model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=len(first),
+            do_sample=False,
+            eos_token_id=list(policy.renderer.stop_ids),
+        )
+    assert out[0, traj.prompt_len :].tolist() == first
+
+
+def test_layers_the_engine_cannot_hold_are_refused_in_one_line(tmp_path):
+    """Sliding-window attention, or another kind of linear layer than Qwen3.5's, is a ConfigError naming it."""
+    from seal_mini.config import ConfigError
+    from seal_mini.engine.tiny import tiny_tokenizer
+    from seal_mini.programs.preflight import write_random_model
+
+    tokenizer = tiny_tokenizer()
+    shape = {**TINY_SHAPES["qwen3"], "vocab_size": len(tokenizer), "use_sliding_window": True, "sliding_window": 64}
+    shape["layer_types"] = ["sliding_attention", "full_attention"]
+    write_random_model(shape, tmp_path, tokenizer, torch.device("cpu"))
+    policy = load_policy(load_config(None, [f"model.name={tmp_path}", "device=cpu"]), banner=False)
+    with pytest.raises(ConfigError, match=r"layer types \['full_attention', 'sliding_attention'\] .* not supported"):
+        run_rollouts(policy, [Episode(TASKS[0])], load_config(None, []).rollout, 0.0, 0)

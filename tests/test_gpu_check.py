@@ -19,7 +19,7 @@ def test_the_dry_run_runs_every_stage_and_writes_the_cards_keys(tmp_path, capsys
         "qwen2_5_3b@16gb",
         "qwen2_5_7b@24gb",
         "toolace2_llama3_1_8b@24gb",
-        "qwen3_4b_instruct_2507@24gb",
+        "qwen3_5_4b@24gb",
     ]
     assert all(stages["preflight"][k]["fits"] for k in stages["preflight"] if "@" in k)
     phases = stages["train_steps"]["phases"]

@@ -127,7 +127,7 @@ SHIPPED = sorted(str(p) for p in (*Path("recipes").glob("*.yaml"), *Path("recipe
 def test_every_shipped_recipe_has_a_shape(recipe):
     cfg = load_config(recipe)
     shape = preflight.architecture(cfg, shrink=False)
-    assert shape["model_type"] in ("qwen2", "qwen3", "llama") and shape["num_hidden_layers"] >= 1
+    assert shape["model_type"] in ("qwen2", "qwen3", "qwen3_5_text", "llama") and shape["num_hidden_layers"] >= 1
     if cfg.model.name == "scratch":  # the recipe's own sizes, not a stand-in's
         s = cfg.model.scratch
         assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_key_value_heads"]) == (

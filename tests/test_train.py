@@ -85,14 +85,17 @@ RESUME = TINY + [
 ]
 
 
-@pytest.mark.parametrize("model", ["tiny-random", "qwen3"])
-def test_resume_is_exact(tmp_path, monkeypatch, request, model):
+@pytest.mark.parametrize("model", ["tiny-random", "qwen3", "qwen3_5"])
+def test_resume_is_exact(tmp_path, monkeypatch, tiny_backbone, model):
     """Four steps straight, and the same run stopped after step 2's checkpoint and resumed: the same adapter
-    and metrics, bit for bit. Also on a tiny Qwen3 (tests/test_backbones.py), whose steps train it."""
+    and metrics, bit for bit. Also on a tiny Qwen3 and a tiny Qwen3.5 (tests/test_backbones.py), whose steps
+    train them (LoRA on the linear layers' projections as recipes/qwen3_5_4b.yaml puts it)."""
     monkeypatch.setattr(train_module, "score", fake_score)
     run = RESUME + [f"out_dir={tmp_path}"]
-    if model == "qwen3":
-        run += [f"model.name={request.getfixturevalue('tiny_qwen3')}", "model.tool_format=bfcl"]
+    if model != "tiny-random":
+        run += [f"model.name={tiny_backbone(model)}", "model.tool_format=bfcl"]
+    if model == "qwen3_5":
+        run.append(f"lora.target_modules={load_config('recipes/qwen3_5_4b.yaml').lora.target_modules}")
     straight = load_config(overrides=run + ["name=straight"])
     train_module.train(straight)
 
@@ -117,6 +120,8 @@ def test_resume_is_exact(tmp_path, monkeypatch, request, model):
     a = load_file(str(straight.run_dir / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(broken.run_dir / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()
+    if model == "qwen3_5":  # the linear layers' projections trained too
+        assert any("linear_attn.in_proj_qkv.lora_B" in k and a[k].abs().sum() > 0 for k in a)
     for k in a:
         assert torch.equal(a[k], b[k]), k
     untimed = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]  # noqa: E731

@@ -24,6 +24,11 @@ How the work is scheduled:
     it samples does not depend on how many episodes run beside it, nor on which rank runs it.
   - Out of GPU memory. The call keeps the episodes that finished, halves the slots and runs the rest
     again from their start (same streams, so the same samples), saying what shrank.
+  - Hybrid models (Qwen3.5: three of every four layers gated delta-net linear attention). A slot also
+    holds each linear layer's recurrent state and the last inputs of its causal convolution, a fixed
+    size whatever the length; only the full-attention layers have keys and values. A recurrent state
+    sums everything it was given, padding too, so these models prefill one episode per forward, and a
+    prompt's state is shared with the next sample only where it stands exactly at the shared prefix.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from seal_mini.config import ConfigError, RolloutConfig
 from seal_mini.engine import device as devices
@@ -116,18 +121,43 @@ GPU_KV_SHARE = 0.7
 rollout.kv_budget_gb is 0; the rest holds prefill activations, logits and allocator slack."""
 
 
+def _text_config(model_config):
+    return model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+
+
 def _kv_shape(model_config) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of a decoder config."""
-    c = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    """(layers with keys and values, KV heads, head dim) of a decoder config: every layer, or a hybrid
+    model's full-attention layers."""
+    c = _text_config(model_config)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return c.num_hidden_layers, kv_heads, head_dim
+    types = getattr(c, "layer_types", None) or ["full_attention"] * c.num_hidden_layers
+    return types.count("full_attention"), kv_heads, head_dim
+
+
+def _state_shapes(model_config) -> tuple[int, tuple[int, int], tuple[int, int, int]]:
+    """(linear-attention layers, their conv state (channels, kernel), their recurrent state (heads, key dim,
+    value dim)) of a hybrid config; 0 layers for a plain transformer."""
+    c = _text_config(model_config)
+    layers = (getattr(c, "layer_types", None) or []).count("linear_attention")
+    if not layers:
+        return 0, (0, 0), (0, 0, 0)
+    keys, values = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
+    conv = (2 * keys + values, c.linear_conv_kernel_dim)
+    return layers, conv, (c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim)
 
 
 def kv_bytes_per_token(model_config, dtype: torch.dtype) -> int:
     """Bytes of KV cache one token takes: layers x KV heads x head dim x 2 (K and V) x dtype bytes."""
     layers, kv_heads, head_dim = _kv_shape(model_config)
     return layers * kv_heads * head_dim * 2 * torch.empty(0, dtype=dtype).element_size()
+
+
+def state_bytes_per_slot(model_config, dtype: torch.dtype) -> int:
+    """Bytes a hybrid model's linear layers hold per episode whatever its length: the conv state in `dtype`,
+    the recurrent state in float32 (what the gated delta rule returns); 0 for a plain transformer."""
+    layers, (channels, kernel), (heads, dk, dv) = _state_shapes(model_config)
+    return layers * (channels * kernel * torch.empty(0, dtype=dtype).element_size() + heads * dk * dv * 4)
 
 
 def kv_budget(policy, cfg: RolloutConfig) -> tuple[int, str]:
@@ -145,8 +175,9 @@ def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
     if cfg.max_concurrent:
         slots = cfg.max_concurrent
     else:
-        per_slot = kv_bytes_per_token(causal_lm(policy.model).config, policy.dtype) * cfg.max_total_tokens
-        slots = kv_budget(policy, cfg)[0] // per_slot
+        config = causal_lm(policy.model).config
+        per_slot = kv_bytes_per_token(config, policy.dtype) * cfg.max_total_tokens
+        slots = kv_budget(policy, cfg)[0] // (per_slot + state_bytes_per_slot(config, policy.dtype))
     if policy.limits.max_concurrent:
         slots = min(slots, policy.limits.max_concurrent)
     return int(max(1, min(n_episodes, slots)))
@@ -169,34 +200,51 @@ class _Plan:
     """For one new token per row: (slots, columns), (R,) each, written by one indexed copy per layer."""
     seen: int = 0
     """Tokens already cached in the row (single-row forwards without a mask only)."""
+    fresh: bool = False
+    """Nothing is cached in any row yet (a prompt's first piece): linear layers start from a zero state."""
 
 
 class KVSlots:
-    """The KV cache of a wave: (layers, K/V, slots, KV heads, capacity, head dim), allocated once.
+    """The cache of a wave, allocated once: keys and values (layers, K/V, slots, KV heads, capacity, head dim)
+    and, for a hybrid model, each linear layer's states (slots, ...).
 
-    Slot s holds the keys and values of one episode at columns 0.. (column = token position). A forward
-    writes its new tokens' keys and values into their slots and attends over the slots it names."""
+    Slot s holds the keys and values of one episode at columns 0.. (column = token position), and the
+    states its linear layers reached after its cached tokens. A forward writes its new tokens' keys and
+    values (and the new states) into their slots and attends over the slots it names."""
 
     def __init__(self, model_config, slots: int, capacity: int, dtype: torch.dtype, device: torch.device):
         layers, kv_heads, head_dim = _kv_shape(model_config)
         # zeros, not empty: attention gives masked columns weight 0, and 0 x NaN garbage would still be NaN
         self.tensor = torch.zeros(layers, 2, slots, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        linear, conv, recurrent = _state_shapes(model_config)
+        self.conv = torch.zeros(linear, slots, *conv, dtype=dtype, device=device)
+        self.recurrent = torch.zeros(linear, slots, *recurrent, dtype=torch.float32, device=device)
         self.plan: _Plan | None = None
         """Set before each forward: which slots it reads and where its new tokens go."""
         self.transformers = DynamicCache()  # what the model is given as past_key_values
-        self.transformers.layers[:] = [_SlotLayer(self, layer) for layer in range(layers)]
+        types = getattr(_text_config(model_config), "layer_types", None) or ["full_attention"] * layers
+        made = {"full_attention": 0, "linear_attention": 0}  # each kind's layers numbered in its own store
+        for kind in types:
+            layer = _SlotLayer if kind == "full_attention" else _SlotStates
+            self.transformers.layers.append(layer(self, made[kind]))
+            made[kind] += 1
 
     @property
     def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.tensor, self.conv, self.recurrent))
 
     @property
     def slots(self) -> int:
         return self.tensor.shape[2]
 
+    @property
+    def recurrent_layers(self) -> bool:
+        return self.conv.shape[0] > 0
+
     def copy(self, source: int, target: int, columns: int) -> None:
-        """Copy columns [0, columns) of one slot into another (all layers, keys and values)."""
+        """Copy columns [0, columns) of one slot into another (all layers, keys and values), and its states."""
         self.tensor[:, :, target, :, :columns] = self.tensor[:, :, source, :, :columns]
+        self.conv[:, target], self.recurrent[:, target] = self.conv[:, source], self.recurrent[:, source]
 
 
 class _SlotLayer(DynamicLayer):
@@ -230,6 +278,53 @@ class _SlotLayer(DynamicLayer):
 
     def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
         return self.kv.plan.seen + query_length, 0
+
+
+class _SlotStates(LinearAttentionCacheLayerMixin):
+    """One linear-attention layer of a transformers Cache whose states live in preallocated slots, as the
+    Qwen3.5 gated delta-net reads and writes them: `conv_states[0]` and `recurrent_states[0]` are the rows'
+    (the decode kernel updates the conv state in place), `update_*` write the new ones into the slots.
+    Every forward of a hybrid model runs adjacent slots (decode over 0..n-1, prefill one slot), so the rows
+    are a view of the slots, never a copy."""
+
+    def __init__(self, kv: KVSlots, layer: int):  # the mixin's __init__ would bind plain dicts to the names
+        self.kv, self.conv_all, self.recurrent_all = kv, kv.conv[layer], kv.recurrent[layer]
+        self.number_of_states, self.record_past = 1, False
+        self.conv_kernel_size = {0: self.conv_all.shape[-1]}
+
+    def _rows(self, store: torch.Tensor) -> torch.Tensor:
+        rows = self.kv.plan.rows
+        assert isinstance(rows, slice), "a hybrid model's forward runs adjacent slots"
+        return store[rows]
+
+    @property
+    def has_previous_state(self) -> dict[int, bool]:
+        return {0: not self.kv.plan.fresh}
+
+    @property
+    def conv_states(self) -> dict[int, torch.Tensor]:
+        return {0: self._rows(self.conv_all)}
+
+    @property
+    def recurrent_states(self) -> dict[int, torch.Tensor]:
+        return {0: self._rows(self.recurrent_all)}
+
+    def lazy_initialization(self, *args, **kwargs) -> None:  # allocated with the slots
+        pass
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        """The rows' new conv inputs (R, C, N) after their cached ones; the last `kernel` are kept."""
+        rows, kernel = self._rows(self.conv_all), self.conv_all.shape[-1]
+        full = conv_states if self.kv.plan.fresh else torch.cat([rows, conv_states], dim=-1)
+        if full.shape[-1] < kernel:
+            full = torch.nn.functional.pad(full, (kernel - full.shape[-1], 0))
+        rows.copy_(full[..., -kernel:])
+        return full
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs) -> torch.Tensor:
+        rows = self._rows(self.recurrent_all)
+        rows.copy_(recurrent_states)
+        return rows
 
 
 # --- batched model work ------------------------------------------------------------------------------
@@ -312,7 +407,8 @@ class _Batch:
                 )
                 # A short common prefix saves little, and a long prefill after a cache cannot use the fused
                 # causal kernel (measured 2x slower on CPU), so only reuse one that covers half the prompt.
-                if shared >= len(ids) // 2:
+                # A linear layer's state is the one after all the source's cached tokens: usable only there.
+                if shared >= len(ids) // 2 and not (self.kv.recurrent_layers and shared != source.cached):
                     if source.slot != live.slot:
                         self.kv.copy(source.slot, live.slot, shared)
                     live.cached = shared
@@ -333,6 +429,7 @@ class _Batch:
                     n * (len(chunk) + 1) > self.prefill_tokens
                     or n > 2 * shortest + 32
                     or width * (len(chunk) + 1) > self.gather_columns
+                    or self.kv.recurrent_layers  # padding would run through the recurrent states
                 ):
                     self._prefill_chunk(chunk)
                     chunk = []
@@ -413,6 +510,7 @@ class _Batch:
             writes=list(zip(slots, cached, lengths, strict=True)),
             decode=(torch.tensor(slots, device=dev), positions[:, 0]) if new == 1 else None,
             seen=cached[0] if not mask else 0,
+            fresh=not any(cached),
         )
         attention = None
         if mask:
@@ -491,11 +589,13 @@ def _check_cache_layout(model) -> None:
             "rollout engine passes; use model.backend=hf (bitsandbytes 4-bit + peft) for now"
         )
     config = lm.config
-    types = getattr(config.get_text_config(), "layer_types", None) or []
-    if any(t != "full_attention" for t in types):
+    types = set(getattr(config.get_text_config(), "layer_types", None) or [])
+    linear = {type(m).__name__ for m in lm.modules() if hasattr(m, "A_log") and hasattr(m, "conv1d")}
+    if types - {"full_attention", "linear_attention"} or linear - {"Qwen3_5GatedDeltaNet"}:
         raise ConfigError(
-            f"model.name: layer types {sorted(set(types))} are not supported by the rollout engine, which "
-            "keeps one full-attention KV cache per layer (Llama / Qwen2 / SmolLM style models)"
+            f"model.name: layer types {sorted(types)} ({', '.join(sorted(linear)) or 'no linear layers'}) are not "
+            "supported by the rollout engine, which keeps a KV cache per full-attention layer and the states of "
+            "Qwen3.5's gated delta-net layers (Llama / Qwen2 / Qwen3 / SmolLM / Qwen3.5 style models)"
         )
     if config._attn_implementation not in ("sdpa", "eager", "seal_mini_sdpa"):
         raise ConfigError(

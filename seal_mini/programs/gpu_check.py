@@ -7,7 +7,7 @@ stages under "stages", rewritten after each one, so a cut run keeps what it did)
   environment        torch / CUDA / driver / capability, bf16, bitsandbytes and its CUDA library, the
                      versions against the kit's supported ranges;
   preflight          `preflight` of qwen2_5_3b at --gpu-mem-gb 24 and 16, qwen2_5_7b, toolace2 and
-                     qwen3_4b_instruct_2507 at 24;
+                     qwen3_5_4b at 24;
   train_steps        two training steps of qwen2_5_3b's whole code path (4-bit + LoRA, BFCL prompts,
                      rollouts, checker, diagnosis, update, checkpoint) with random weights of its real
                      shape: seconds and peak allocated / reserved memory per phase;
@@ -49,7 +49,7 @@ PREFLIGHTS = (
     (MAIN, 16),
     ("recipes/qwen2_5_7b.yaml", 24),
     ("recipes/toolace2_llama3_1_8b.yaml", 24),
-    ("recipes/qwen3_4b_instruct_2507.yaml", 24),
+    ("recipes/qwen3_5_4b.yaml", 24),  # the hybrid: linear layers' states beside the KV, 4-bit on a card
 )
 """(recipe, --gpu-mem-gb) of the preflight stage."""
 SMALL = ["rollout.group_size=4", "rollout.max_concurrent=8", "train.tasks_per_step=2", "train.mini_batch_tasks=1"]

@@ -110,6 +110,28 @@ KNOWN_SHAPES = {
         "tie_word_embeddings": True,
     },
     "Qwen/Qwen3-8B": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False},
+    # Qwen3.5-4B's text model (the vision tower is never loaded). 32 layers of width 2,560 as its model card
+    # says; heads, widths and the linear layers' sizes are transformers' Qwen3.5 defaults, which the hub's
+    # config.json was not at hand to confirm (model.name=FOLDER with that config.json gives exact figures).
+    "Qwen/Qwen3.5-4B": {
+        "model_type": "qwen3_5_text",
+        "hidden_size": 2560,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 32,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "vocab_size": 248320,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 262144,
+    },
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     "Team-ACE/ToolACE-2-Llama-3.1-8B": _LLAMA31_8B,
 }
@@ -163,6 +185,8 @@ def architecture(cfg: Config, shrink: bool) -> dict:
             num_key_value_heads=kv_heads,
             head_dim=32,
         )
+        if "linear_num_value_heads" in shape:  # a hybrid's linear layers, as small
+            shape.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
     return shape
 
 
