@@ -186,7 +186,9 @@ def architecture(cfg: Config, shrink: bool) -> dict:
             head_dim=32,
         )
         if "linear_num_value_heads" in shape:  # a hybrid's linear layers, as small
-            shape.update(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
+            shape.update(
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32
+            )
     return shape
 
 
