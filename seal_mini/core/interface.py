@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from seal_mini.config import ConfigError, InterfaceConfig
 from seal_mini.engine.render import KEEP_DEFAULT_SYSTEM
@@ -112,6 +112,10 @@ require_labels(SCHEMA_TRIGGERS, "interface.SCHEMA_TRIGGERS")
 require_labels(ERROR_TRIGGERS, "interface.ERROR_TRIGGERS")
 
 
+COMPONENTS = ("schema_cues", "error_feedback", "parse_retry")
+"""InterfaceState's switches, in order; the guidelines are a list beside them."""
+
+
 @dataclass
 class InterfaceState:
     """Omega_t: which components are on. Saved per round as JSON."""
@@ -130,30 +134,21 @@ class InterfaceState:
         return self.schema_cues or self.error_feedback or self.parse_retry or bool(self.guidelines)
 
     def to_dict(self) -> dict:
-        return {
-            "schema_cues": self.schema_cues,
-            "error_feedback": self.error_feedback,
-            "parse_retry": self.parse_retry,
-            "guidelines": list(self.guidelines),
-            "reasons": dict(self.reasons),
-        }
+        return asdict(self)  # copies of the list and the dict
 
     @classmethod
     def from_dict(cls, data: dict) -> InterfaceState:
-        """Rebuild a saved state; unknown keys or guideline ids are errors."""
-        unknown = sorted(set(data) - {"schema_cues", "error_feedback", "parse_retry", "guidelines", "reasons"})
+        """Rebuild a saved state (an absent key takes its default); unknown keys or guideline ids are errors."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"interface state: unknown keys {unknown}")
         bad = [g for g in data.get("guidelines", []) if g not in GUIDELINES]
         if bad:
             raise ConfigError(f"interface state: unknown guideline ids {bad}; known: {list(GUIDELINES)}")
-        return cls(
-            schema_cues=bool(data.get("schema_cues", False)),
-            error_feedback=bool(data.get("error_feedback", False)),
-            parse_retry=bool(data.get("parse_retry", False)),
-            guidelines=list(data.get("guidelines", [])),
-            reasons=dict(data.get("reasons", {})),
-        )
+        state = cls(**copy.deepcopy(data))
+        for name in COMPONENTS:
+            setattr(state, name, bool(getattr(state, name)))
+        return state
 
 
 # --- Evolve: Omega_{t+1} from Omega_t and the failure profile C_t ----------------------------------

@@ -39,7 +39,7 @@ from tqdm import tqdm
 from seal_mini.config import FAULT_KINDS, Config, ConfigError, SftConfig
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
-from seal_mini.core.interface import GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
+from seal_mini.core.interface import COMPONENTS, GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
 from seal_mini.distributed import is_main
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
@@ -166,8 +166,7 @@ def random_cues(rng: random.Random, top_k: int) -> InterfaceState:
     """An interface state as the training loop may switch on: each component on with probability one half,
     a random handful (up to top_k) of the guidelines in random order."""
     guidelines = rng.sample(sorted(GUIDELINES), rng.randint(0, min(top_k, len(GUIDELINES))))
-    on = [rng.random() < 0.5 for _ in range(3)]
-    return InterfaceState(schema_cues=on[0], error_feedback=on[1], parse_retry=on[2], guidelines=guidelines)
+    return InterfaceState(**{name: rng.random() < 0.5 for name in COMPONENTS}, guidelines=guidelines)
 
 
 def demonstrate(
