@@ -37,6 +37,20 @@ def backbone(request, tiny_backbone):
     return kind, policy, cfg, plain
 
 
+def assert_plain_forward(policy, trajs, temperature: float = 1.0):
+    """Every sampled token's old log-prob is what one plain forward over the finished sequence gives it: the
+    cache each token was sampled from held exactly the tokens before it (random tiny models repeat a few
+    tokens when greedy, so equal tokens alone would say little)."""
+    for t in trajs:
+        ids = torch.tensor([t.input_ids])
+        mask = torch.tensor([t.loss_mask], dtype=torch.float32)
+        with torch.no_grad():
+            plain = token_logprobs(policy.model, ids, torch.ones_like(ids), mask, 256, temperature)[0]
+        sampled = mask[0].bool()
+        gap = float((plain[sampled] - torch.tensor(t.old_logprobs)[sampled]).abs().max())
+        assert gap < 1e-5, f"{t.task_id}: old log-probs differ from a plain forward's by {gap:.1e}"
+
+
 def assert_same(trajs, plain):
     for traj, ref in zip(trajs, plain, strict=True):
         assert traj.input_ids == ref.input_ids and traj.turn_starts == ref.turn_starts, traj.task_id
@@ -50,6 +64,7 @@ def test_the_engine_gives_generates_tokens_and_the_plain_loops(backbone, n):
     assert type(policy.model.get_base_model()).__name__ == CLASSES[kind]
     trajs = run_rollouts(policy, [Episode(t) for t in TASKS[:n]], cfg.rollout, 0.0, 0)
     assert_same(trajs[:3], plain[:n])
+    assert_plain_forward(policy, trajs)
     for traj in trajs:
         first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]  # first message
         prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
@@ -76,8 +91,21 @@ def test_sampled_groups_share_their_prompt_and_still_draw_the_plain_loops_tokens
     samples = sample_numbers([task_id(env, i) for i, env in enumerate(fresh)])
     plain = [reference_rollout(policy, env, cfg.rollout, 1.0, 5, samples[i], i) for i, env in enumerate(fresh)]
     assert_same(batched, plain)
+    assert_plain_forward(policy, batched)
     saved = stats.summary()["sequence_tokens"] - stats.model_tokens
     assert saved > min(t.prompt_len for t in batched) // 2  # a prompt was shared, not run again
+
+
+def test_results_longer_than_a_prefill_piece_are_prefilled_whole(backbone):
+    """rollout.prefill_tokens below a tool result's length (an out-of-memory retry halves it down to 256):
+    the result runs in pieces and the next message is sampled after all of it, as in the plain loop."""
+    kind, policy, cfg, plain = backbone
+    rollout = dataclasses.replace(cfg.rollout, prefill_tokens=16)
+    trajs = run_rollouts(policy, [Episode(t) for t in TASKS[:2]], rollout, 0.0, 0)
+    assert_same(trajs, plain[:2])
+    sampled = run_rollouts(policy, [Episode(t) for t in TASKS[:2]], rollout, 1.0, 3)
+    assert_plain_forward(policy, sampled)
+    assert all(t.n_messages > 1 for t in sampled)  # results came back and were prefilled
 
 
 def test_the_cache_holds_keys_and_values_of_full_attention_layers_and_states_of_linear_ones(backbone):
@@ -148,6 +176,7 @@ def test_qwen3_5_in_4_bit_with_lora_on_its_linear_layers(tiny_backbone):
             eos_token_id=list(policy.renderer.stop_ids),
         )
     assert out[0, traj.prompt_len :].tolist() == first
+    assert_plain_forward(policy, [traj])
 
 
 def test_layers_the_engine_cannot_hold_are_refused_in_one_line(tmp_path):

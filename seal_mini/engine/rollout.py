@@ -431,11 +431,18 @@ class _Batch:
                     or width * (len(chunk) + 1) > self.gather_columns
                     or self.kv.recurrent_layers  # padding would run through the recurrent states
                 ):
-                    self._prefill_chunk(chunk)
+                    self._prefill_rows(chunk)
                     chunk = []
             chunk.append(live)
         if chunk:
-            self._prefill_chunk(chunk)
+            self._prefill_rows(chunk)
+
+    def _prefill_rows(self, lives: list[_Live]) -> None:
+        """Episodes' new tokens in one forward, or one episode's in as many pieces as it needs."""
+        if len(lives) == 1:
+            self._prefill_alone(lives[0])  # longer than prefill_tokens (say, after an out-of-memory halving)
+        else:
+            self._prefill_chunk(lives)
 
     def _prefill_alone(self, live: _Live) -> None:
         """One episode's new tokens, in pieces of at most prefill_tokens (bounds the activations)."""
@@ -466,6 +473,7 @@ class _Batch:
     def decode(self, sequences: Sequences, hook: LogitsHook | None) -> list[_Live]:
         """One token per live episode per forward until at least one message ends; returns those episodes."""
         rows = self.pack()
+        assert all(x.cached == len(x.traj.input_ids) - 1 for x in rows), "decode needs every earlier token cached"
         started = time.perf_counter()
         while True:
             input_ids = torch.tensor([[live.traj.input_ids[-1]] for live in rows], device=self.device)  # (R, 1)
