@@ -279,7 +279,8 @@ class DiagnosisConfig:
     to seal_mini/estimators.py."""
     shuffle_weights: bool = False
     """A control: each group's failed trajectories trade their labels at random before the weights are
-    computed, so the weights keep their sizes and carry no information about which failed how."""
+    computed, so the weights keep their sizes and the group's total on its failures, and no longer say
+    which failed trajectory failed how."""
     small_model: bool = False
     """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
     small_model_name: str = ""

@@ -87,7 +87,8 @@ def trajectory_level(u: Tensor, turn: Tensor, mask: Tensor) -> Tensor:
 
 def turn_level(u: Tensor, turn: Tensor, mask: Tensor) -> Tensor:
     """The weight where the diagnosis puts it: each token in proportion to its own turn's rho, so a failed
-    turn's tokens are louder (or quieter) than the passed turns' of the same trajectory."""
+    turn's tokens are louder (or quieter) than the passed turns' of the same trajectory. The scale is not
+    clipped: w_j x scale reaches w_max^2 / w_min for a short failed turn beside long passed ones."""
     per_token = u[turn]  # (T,)
     mean = (per_token * mask).sum() / mask.sum().clamp(min=1)
     return per_token / mean

@@ -125,8 +125,9 @@ def turn_scales(
 
 def shuffled_among_failures(labels: list[list[str]], rewards: list[float], group_size: int, generator) -> list:
     """The control of diagnosis.shuffle_weights: each group's failed trajectories (reward below the group's
-    best) trade their labels at random, so the weights keep their sizes and lose what they said about
-    which trajectory failed how. Successes, and groups with one failure or none, keep theirs."""
+    best) trade their labels at random, so the weights keep their sizes (and, with 0/1 rewards, the group's
+    total on its failures) and lose which failed trajectory gets which. Successes, and groups with one
+    failure or none, keep theirs."""
     out = list(labels)
     for g in range(0, len(labels), group_size):
         best = max(rewards[g : g + group_size])
