@@ -80,15 +80,16 @@ def sampled_spans(traj):
     return spans
 
 
-def first_message_of_each_turn(traj) -> list[int]:
+def first_message_of_each_turn(traj, forgiven: tuple[int, ...] = ()) -> list[int]:
     """Where each task turn's first assistant message begins, read from the conversation: the k-th sampled
-    span is the k-th assistant message, and its turn is the count of user messages before it, less one."""
+    span (with the starts of `forgiven` messages, out of the loss) is the k-th assistant message, and its
+    turn is the count of user messages before it, less one."""
     turns, users = [], 0
     for m in traj.messages:
         users += m["role"] == "user"
         if m["role"] == "assistant":
             turns.append(users - 1)
-    starts = [s for s, _ in sampled_spans(traj)]
+    starts = sorted([s for s, _ in sampled_spans(traj)] + list(forgiven))
     return [starts[turns.index(k)] for k in range(max(turns) + 1)]
 
 
@@ -165,6 +166,7 @@ def test_response_budget_truncates_in_mid_message(policy):
     check_exact(policy, traj, script.forced[0])
     assert traj.truncated and traj.n_sampled == 20 and traj.n_messages == 1
     assert traj.env.turns[0].steps == []  # the cut call was never executed
+    assert traj.turn_starts == [traj.prompt_len]  # the one turn it began; the others were never reached
 
 
 class Breaks(Episode):
@@ -268,6 +270,9 @@ def test_an_unreadable_message_the_interface_lets_the_model_retry_is_out_of_the_
     assert traj.n_sampled == sum(len(m) for m in messages)
     assert ref.loss_mask == traj.loss_mask and ref.input_ids == traj.input_ids
     assert check(task, traj.env.checker_input()).reward == 1.0
+    # the forgiven message is its turn's first: its turn's tokens (and turn-level weight) start there
+    assert traj.turn_starts[0] == start == traj.prompt_len and len(traj.turn_starts) == len(task.turns)
+    assert traj.turn_starts == ref.turn_starts == first_message_of_each_turn(traj, forgiven=(start,))
 
 
 def test_sampling_is_reproducible_and_sequences_are_exact(policy, sampled):
