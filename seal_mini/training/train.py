@@ -139,7 +139,7 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         if cfg.train.reweight and cfg.train.diagnose:
             dc = cfg.diagnosis
             weighed = labels
-            if dc.shuffle_weights:  # the control: the same weights, their information removed
+            if dc.shuffle_weights:  # the control: the same weights, traded among each group's failures
                 stream = torch.Generator().manual_seed(episode_seed((cfg.seed, step), "shuffle_weights", 0))
                 weighed = shuffled_among_failures(labels, rewards, G, stream)
             shares = [trajectory_profile(z) for z in weighed]
