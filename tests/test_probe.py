@@ -30,6 +30,33 @@ def test_start_figures_by_hand():
     assert f["weighted_vs_plain_advantage_cosine"] == pytest.approx(dot / norm, abs=1e-3)
 
 
+def test_token_level_figures_by_hand():
+    """The same episodes with tokens: a prompt of 2, turn 0's message of 2 sampled tokens, one template token,
+    turn 1's message of 2. Trajectory-level weights give every token its episode's weight; turn-level ones
+    give a failed turn's tokens its rho, scaled so the episode's mean stays its weight."""
+    cfg = load_config(None, ["rollout.group_size=4"])
+    labels = [["pass", "pass"], ["pass", "pass"], ["missing_tool_call", "pass"], ["state_mismatch", "pass"]]
+    labels += [["missing_tool_call", "pass"]] * 4
+    sampled = {
+        "rewards": [1.0, 1.0, 0.0, 0.0] + [0.0] * 4,
+        "labels": labels,
+        "turn_starts": [[2, 5]] * 8,
+        "loss_masks": [[0, 0, 1, 1, 0, 1, 1]] * 8,
+    }
+    f = probe.start_figures(sampled, {"rewards": [0.0, 1.0], "labels": labels[:2]}, cfg)["token_level"]
+    # trajectory level: group 1's failed tokens 1.25 x 4 and 1.0 x 4 (sd 0.125), group 2's all 1.25 (sd 0)
+    assert f["trajectory"]["failed_token_weight_sd_within_group"] == pytest.approx(0.0625)
+    # turn level: missing_tool_call's turn 1.5 / 1.25 = 1.2, its passed turn 0.8, times 1.25: tokens 1.5, 1.5, 1,
+    # 1; state_mismatch's episode 1 x 4. Group 1 sd of (1.5, 1.5, 1 x 6) = 0.2165, group 2 of (1.5, 1.5, 1, 1) = 0.25
+    assert f["turn"]["failed_token_weight_sd_within_group"] == pytest.approx((0.216506 + 0.25) / 2, abs=1e-4)
+    plain = [0.866] * 8 + [-0.866] * 8  # group 2's advantages are 0 and add nothing
+    for level, ep2 in (("trajectory", [1.25] * 4), ("turn", [1.5, 1.5, 1.0, 1.0])):
+        weighted = [0.866] * 8 + [-0.866 * w for w in ep2] + [-0.866] * 4
+        dot = sum(a * b for a, b in zip(plain, weighted, strict=True))
+        norm = (sum(a * a for a in plain) * sum(b * b for b in weighted)) ** 0.5
+        assert f[level]["token_cosine"] == pytest.approx(dot / norm, abs=1e-3), level
+
+
 def test_intervals_are_over_tasks_and_the_verdict_reads_them():
     # 10 tasks of 2 episodes: tasks alike give a point interval; tasks that differ give one around the figure
     alike = {"rewards": [1.0, 0.0] * 10, "labels": [["pass"], ["missing_tool_call"]] * 10}

@@ -26,10 +26,11 @@ import torch
 
 from seal_mini.config import Config, load_config
 from seal_mini.core.diagnose import diagnose, failure_profile, trajectory_profile
-from seal_mini.core.grpo import diagnostic_weights, group_advantages
+from seal_mini.core.grpo import diagnostic_weights, group_advantages, turn_scales
 from seal_mini.core.interface import ERROR_TRIGGERS, GUIDELINES, SCHEMA_TRIGGERS, InterfaceState
 from seal_mini.engine.rollout import run_rollouts
 from seal_mini.envs.verifier import check_episode
+from seal_mini.estimators import WEIGHT_LEVELS
 from seal_mini.labels import FAILURE_LABELS
 from seal_mini.runio import run_lock, write_json
 
@@ -67,11 +68,13 @@ def play(policy, cfg: Config, tasks: list, temperature: float, group: int, state
     from seal_mini.training.train import make_env
 
     envs = [make_env(task, cfg, state) for task in tasks for _ in range(group)]
-    run_rollouts(policy, envs, cfg.rollout, temperature, (cfg.seed, 0))
+    trajs = run_rollouts(policy, envs, cfg.rollout, temperature, (cfg.seed, 0))
     verdicts = [check_episode(env) for env in envs]
     return {
         "rewards": [v.reward for v in verdicts],
         "labels": [diagnose(env, v) for env, v in zip(envs, verdicts, strict=True)],
+        "turn_starts": [t.turn_starts for t in trajs],  # where the update puts a turn-level weight
+        "loss_masks": [t.loss_mask for t in trajs],
     }
 
 
@@ -139,6 +142,7 @@ def start_figures(sampled: dict, greedy: dict, cfg: Config) -> dict:
         failed = [float(weights[j]) for j in range(k, k + G) if rewards[j] == 0]
         if len(failed) >= 2:
             spreads.append(statistics.pstdev(failed))
+    token_level = token_figures(sampled, cfg, adv, weights) if "loss_masks" in sampled else {}
     return {
         "episodes": len(rewards),
         **{name: None if value is None else round(value, 4) for name, value in targets.items()},
@@ -153,7 +157,38 @@ def start_figures(sampled: dict, greedy: dict, cfg: Config) -> dict:
         "failed_weight_sd_within_group": round(statistics.fmean(spreads), 4) if spreads else None,
         "weights_mean": round(float(weights.mean()), 4),
         "weighted_vs_plain_advantage_cosine": round(cosine, 4) if cosine is not None else None,
+        "token_level": token_level,
     }
+
+
+def token_figures(sampled: dict, cfg: Config, adv: torch.Tensor, weights: torch.Tensor) -> dict:
+    """What the weights do at the tokens the update scales, per diagnosis.weight_level: the cosine of the
+    weighted and the plain per-token advantages over every sampled token, and the spread (sd) of a group's
+    failed episodes' token weights (mean over groups with two failures or more)."""
+    G, d, rewards = cfg.rollout.group_size, cfg.diagnosis, sampled["rewards"]
+    out = {}
+    for level in WEIGHT_LEVELS:
+        plain, weighted, spreads = [], [], []
+        for k in range(0, len(rewards), G):
+            failed = []
+            for j in range(k, k + G):
+                mask, starts, labels = sampled["loss_masks"][j], sampled["turn_starts"][j], sampled["labels"][j]
+                scale = turn_scales(level, labels, starts, mask, d.rho, d.w_min, d.w_max)
+                w = weights[j] * scale[torch.tensor(mask, dtype=torch.bool)]  # (sampled tokens,)
+                plain.append(adv[j].expand(len(w)))
+                weighted.append(adv[j] * w)
+                if rewards[j] == 0 and len(w):
+                    failed.append(w)
+            if len(failed) >= 2:
+                spreads.append(float(torch.cat(failed).std(correction=0)))
+        a, b = torch.cat(plain), torch.cat(weighted)
+        out[level] = {
+            "token_cosine": round(float(torch.nn.functional.cosine_similarity(b, a, dim=0)), 4)
+            if a.abs().sum() > 0
+            else None,
+            "failed_token_weight_sd_within_group": round(statistics.fmean(spreads), 4) if spreads else None,
+        }
+    return out
 
 
 def cue_figures(policy, cfg: Config, tasks: list, bare: dict) -> dict:
@@ -235,6 +270,11 @@ def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
         f"[probe] failed episodes' weight sd within a group {result['failed_weight_sd_within_group']}; "
         f"cosine(weighted, plain advantages) {result['weighted_vs_plain_advantage_cosine']}"
     )
+    for level, figures in result["token_level"].items():
+        print(
+            f"[probe] per token, {level}-level weights: failed tokens' weight sd within a group "
+            f"{figures['failed_token_weight_sd_within_group']}; cosine(weighted, plain) {figures['token_cosine']}"
+        )
     if cues:
         result["cues"] = cue_figures(policy, cfg, tasks, sampled)
     result["seconds"] = round(time.perf_counter() - started, 1)
