@@ -16,7 +16,7 @@ from seal_mini.config import load_config
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.reference import reference_rollout
-from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts, state_bytes_per_slot
+from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts, slot_bytes, state_bytes_per_slot
 from seal_mini.engine.sequences import sample_numbers, task_id
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
@@ -51,6 +51,21 @@ def assert_plain_forward(policy, trajs, temperature: float = 1.0):
         assert gap < 1e-5, f"{t.task_id}: old log-probs differ from a plain forward's by {gap:.1e}"
 
 
+def assert_generates_first_message(policy, traj):
+    """`model.generate`, greedy from the episode's prompt, writes the engine's first message."""
+    first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]
+    prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
+    with torch.no_grad():
+        out = policy.model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=len(first),
+            do_sample=False,
+            eos_token_id=list(policy.renderer.stop_ids),
+        )
+    assert out[0, traj.prompt_len :].tolist() == first, traj.task_id
+
+
 def assert_same(trajs, plain):
     for traj, ref in zip(trajs, plain, strict=True):
         assert traj.input_ids == ref.input_ids and traj.turn_starts == ref.turn_starts, traj.task_id
@@ -66,17 +81,7 @@ def test_the_engine_gives_generates_tokens_and_the_plain_loops(backbone, n):
     assert_same(trajs[:3], plain[:n])
     assert_plain_forward(policy, trajs)
     for traj in trajs:
-        first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]  # first message
-        prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
-        with torch.no_grad():
-            out = policy.model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=len(first),
-                do_sample=False,
-                eos_token_id=list(policy.renderer.stop_ids),
-            )
-        assert out[0, traj.prompt_len :].tolist() == first, traj.task_id
+        assert_generates_first_message(policy, traj)
     assert sum(t.n_messages for t in trajs) > n  # episodes went on past their first message
 
 
@@ -118,8 +123,7 @@ def test_the_cache_holds_keys_and_values_of_full_attention_layers_and_states_of_
         assert state_bytes_per_slot(config, policy.dtype) == 3 * (128 * 4 * 4 + 4 * 16 * 16 * 4)
     else:
         assert state_bytes_per_slot(config, policy.dtype) == 0
-    per_slot = cfg.rollout.max_total_tokens * kv_bytes_per_token(config, policy.dtype)
-    budget = 3 * (per_slot + state_bytes_per_slot(config, policy.dtype))  # three slots
+    budget = 3 * slot_bytes(config, policy.dtype, cfg.rollout.max_total_tokens)  # three slots
     rollout = dataclasses.replace(cfg.rollout, kv_budget_gb=budget / 2**30)
     stats = RolloutStats()
     trajs = run_rollouts(policy, [Episode(t) for t in TASKS], rollout, 1.0, 0, stats=stats)
@@ -165,17 +169,7 @@ def test_qwen3_5_in_4_bit_with_lora_on_its_linear_layers(tiny_backbone):
         assert type(layer.base_layer).__name__ == "Linear4bit" and "default" in layer.lora_A, name
     assert type(linear.conv1d).__name__ == "Conv1d" and not linear.A_log.requires_grad
     traj = run_rollouts(policy, [Episode(TASKS[0])], cfg.rollout, 0.0, 0)[0]
-    prompt = torch.tensor([traj.input_ids[: traj.prompt_len]])
-    first = traj.input_ids[traj.prompt_len :][: traj.loss_mask[traj.prompt_len :].index(0)]
-    with torch.no_grad():
-        out = policy.model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=len(first),
-            do_sample=False,
-            eos_token_id=list(policy.renderer.stop_ids),
-        )
-    assert out[0, traj.prompt_len :].tolist() == first
+    assert_generates_first_message(policy, traj)
     assert_plain_forward(policy, [traj])
 
 

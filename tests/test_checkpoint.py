@@ -311,7 +311,9 @@ def test_a_bad_recipe_is_named(tmp_path, capsys, content, problem):
     assert not (tmp_path / "run").exists()  # nothing started
 
 
-def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+def stopped_by_a_full_disk_at_step_2(tmp_path, capsys, monkeypatch) -> tuple[Path, Path, str]:
+    """`train` of a fast recipe whose disk fills while step 2's checkpoint is written: (recipe, run dir, its
+    one-line error), the error named and the last whole checkpoint kept."""
     recipe = write_recipe(tmp_path / "fast.yaml")
     real_save = train_module.torch.save
 
@@ -328,28 +330,18 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, cap
     assert newest_checkpoint(run_dir).name == "step_0001"
     assert not list(run_dir.rglob(".*.tmp"))  # the half-written checkpoint is gone, the last one kept
     monkeypatch.undo()
+    return recipe, run_dir, line
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    _, run_dir, _ = stopped_by_a_full_disk_at_step_2(tmp_path, capsys, monkeypatch)
     rc, out, _ = cli(capsys, "train", "--resume", run_dir)
     assert rc == 0 and "checkpoint of step 1" in out
     assert newest_checkpoint(run_dir).name == "step_0003"
 
 
 def test_after_a_full_disk_the_command_the_message_names_continues_the_run(tmp_path, capsys, monkeypatch):
-    recipe = write_recipe(tmp_path / "fast.yaml")
-    real_save = train_module.torch.save
-
-    def disk_full_at_step_2(obj, path, *args, **kwargs):
-        if "step_0002" in str(path) and str(path).endswith("optim.pt"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, path, *args, **kwargs)
-
-    monkeypatch.setattr(train_module.torch, "save", disk_full_at_step_2)
-    rc, _, err = cli(capsys, "train", recipe, f"out_dir={tmp_path / 'runs'}")
-    line = one_line_error(err)
-    run_dir = tmp_path / "runs" / "tiny"
-    assert rc == 2 and "step_0002" in line and "No space left on device" in line
-    assert newest_checkpoint(run_dir).name == "step_0001"
-    assert not list(run_dir.rglob(".*.tmp"))  # the half-written checkpoint is gone, the last one kept
-    monkeypatch.undo()
+    recipe, run_dir, line = stopped_by_a_full_disk_at_step_2(tmp_path, capsys, monkeypatch)
     assert "rerun the same command" in line
     rc, out, _ = cli(capsys, "train", recipe, f"out_dir={tmp_path / 'runs'}")  # what the message says
     assert rc == 0 and "checkpoint of step 1" in out

@@ -360,16 +360,14 @@ def is_4bit(model: torch.nn.Module) -> bool:
 def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
     from seal_mini.engine.logprobs import causal_lm
-    from seal_mini.engine.rollout import concurrency, kv_budget, kv_bytes_per_token, state_bytes_per_slot
+    from seal_mini.engine.rollout import concurrency, kv_budget, slot_bytes
 
     where = (
         f"cuda ({gpu_name(policy.device)})"
         if policy.device.type == "cuda"
         else f"cpu ({torch.get_num_threads()} threads)"
     )
-    config = causal_lm(policy.model).config
-    per_slot = kv_bytes_per_token(config, policy.dtype) * cfg.rollout.max_total_tokens
-    per_slot += state_bytes_per_slot(config, policy.dtype)  # a hybrid's linear layers
+    per_slot = slot_bytes(causal_lm(policy.model).config, policy.dtype, cfg.rollout.max_total_tokens)
     budget, source = kv_budget(policy, cfg.rollout)
     wave = cfg.train.tasks_per_step * cfg.rollout.group_size
     slots = concurrency(policy, cfg.rollout, wave)

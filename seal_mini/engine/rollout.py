@@ -160,6 +160,11 @@ def state_bytes_per_slot(model_config, dtype: torch.dtype) -> int:
     return layers * (channels * kernel * torch.empty(0, dtype=dtype).element_size() + heads * dk * dv * 4)
 
 
+def slot_bytes(model_config, dtype: torch.dtype, capacity: int) -> int:
+    """Bytes one slot of `capacity` tokens takes: its keys and values, and a hybrid's linear-layer states."""
+    return kv_bytes_per_token(model_config, dtype) * capacity + state_bytes_per_slot(model_config, dtype)
+
+
 def kv_budget(policy, cfg: RolloutConfig) -> tuple[int, str]:
     """(bytes, where the number comes from) of the KV cache one wave of rollouts may hold."""
     if cfg.kv_budget_gb:
@@ -175,9 +180,8 @@ def concurrency(policy, cfg: RolloutConfig, n_episodes: int) -> int:
     if cfg.max_concurrent:
         slots = cfg.max_concurrent
     else:
-        config = causal_lm(policy.model).config
-        per_slot = kv_bytes_per_token(config, policy.dtype) * cfg.max_total_tokens
-        slots = kv_budget(policy, cfg)[0] // (per_slot + state_bytes_per_slot(config, policy.dtype))
+        per_slot = slot_bytes(causal_lm(policy.model).config, policy.dtype, cfg.max_total_tokens)
+        slots = kv_budget(policy, cfg)[0] // per_slot
     if policy.limits.max_concurrent:
         slots = min(slots, policy.limits.max_concurrent)
     return int(max(1, min(n_episodes, slots)))

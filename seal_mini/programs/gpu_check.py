@@ -280,10 +280,12 @@ def _compare_greedy(cfg, new_tokens: int) -> dict:
     from seal_mini.engine.policy import load_policy
     from seal_mini.engine.rollout import run_rollouts
     from seal_mini.envs.bfcl import load_tasks
+    from seal_mini.envs.episode import Episode
 
     policy = load_policy(cfg, banner=False)
     stops = sorted(policy.renderer.stop_ids)
-    envs = [_FirstMessage(task) for task in load_tasks()[::270][:3]]  # real BFCL first prompts, 3 categories
+    # real BFCL first prompts of 3 categories; the response budget ends each episode after its first message
+    envs = [Episode(task) for task in load_tasks()[::270][:3]]
     cfg.rollout.max_new_tokens, cfg.rollout.max_response_tokens = new_tokens, new_tokens
     cfg.rollout.max_prompt_tokens = cfg.rollout.max_total_tokens - new_tokens - 8
 
@@ -323,26 +325,6 @@ def _compare_greedy(cfg, new_tokens: int) -> dict:
             ({"engine": e[:12], "generate": g[:12]} for e, g in zip(engine, generated, strict=True) if e != g), None
         ),
     }
-
-
-class _FirstMessage:
-    """A BFCL task's first prompt, ended after one model message."""
-
-    def __init__(self, task):
-        self.task, self.done = task, False
-
-    def reset(self):
-        self.done = False
-        return [dict(m) for m in self.task.turns[0]], self.task.tools
-
-    def step(self, text: str):
-        from types import SimpleNamespace
-
-        self.done = True
-        return SimpleNamespace(observation=[], turn_done=True, done=True)
-
-    def truncate(self) -> None:
-        self.done = True
 
 
 def unsloth(check: Check) -> dict:
