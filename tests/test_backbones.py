@@ -42,13 +42,14 @@ def assert_plain_forward(policy, trajs, temperature: float = 1.0):
     cache each token was sampled from held exactly the tokens before it (random tiny models repeat a few
     tokens when greedy, so equal tokens alone would say little)."""
     for t in trajs:
-        ids = torch.tensor([t.input_ids])
-        mask = torch.tensor([t.loss_mask], dtype=torch.float32)
-        with torch.no_grad():
-            plain = token_logprobs(policy.model, ids, torch.ones_like(ids), mask, 256, temperature)[0]
-        sampled = mask[0].bool()
-        gap = float((plain[sampled] - torch.tensor(t.old_logprobs)[sampled]).abs().max())
-        assert gap < 1e-5, f"{t.task_id}: old log-probs differ from a plain forward's by {gap:.1e}"
+        for a, b in t.spans():  # each segment a sequence of its own
+            ids = torch.tensor([t.input_ids[a:b]])
+            mask = torch.tensor([t.loss_mask[a:b]], dtype=torch.float32)
+            with torch.no_grad():
+                plain = token_logprobs(policy.model, ids, torch.ones_like(ids), mask, 256, temperature)[0]
+            sampled = mask[0].bool()
+            gap = float((plain[sampled] - torch.tensor(t.old_logprobs[a:b])[sampled]).abs().max())
+            assert gap < 1e-5, f"{t.task_id}: old log-probs differ from a plain forward's by {gap:.1e}"
 
 
 def assert_generates_first_message(policy, traj):
@@ -69,6 +70,7 @@ def assert_generates_first_message(policy, traj):
 def assert_same(trajs, plain):
     for traj, ref in zip(trajs, plain, strict=True):
         assert traj.input_ids == ref.input_ids and traj.turn_starts == ref.turn_starts, traj.task_id
+        assert traj.segments == ref.segments and traj.exact and ref.exact, traj.task_id
         gap = max(abs(a - b) for a, b in zip(traj.old_logprobs, ref.old_logprobs, strict=True))
         assert gap < 1e-5, f"{traj.task_id}: old log-probs differ by {gap:.1e}"
 
@@ -99,6 +101,53 @@ def test_sampled_groups_share_their_prompt_and_still_draw_the_plain_loops_tokens
     assert_plain_forward(policy, batched)
     saved = stats.summary()["sequence_tokens"] - stats.model_tokens
     assert saved > min(t.prompt_len for t in batched) // 2  # a prompt was shared, not run again
+
+
+class Thinking:
+    """Logits hook: every message begins with a reasoning block, then the model samples freely (its text
+    decodes to no call, so each message ends its user turn)."""
+
+    def __init__(self, ids: list[int]):
+        self.ids = ids
+
+    def __call__(self, rows, sampled_so_far, logits):
+        logits = logits.clone()
+        for row, so_far in enumerate(sampled_so_far):
+            if len(so_far) < len(self.ids):
+                logits[row] = float("-inf")
+                logits[row, self.ids[len(so_far)]] = 0.0
+        return logits
+
+
+def assert_prompts_are_bfcls(policy, t):
+    """Each segment begins with the prompt BFCL's handler writes for the conversation up to its first message."""
+    assistant = [i for i, m in enumerate(t.messages) if m["role"] == "assistant"]
+    mask = t.loss_mask
+    for a, b in t.spans():
+        first = a + mask[a:b].index(1)
+        before = sum(1 for p in range(first) if mask[p] and not (p and mask[p - 1]))  # messages sampled before it
+        assert t.input_ids[a:first] == policy.renderer.prompt_ids(t.messages[: assistant[before]], t.tools), t.task_id
+
+
+def test_a_thinking_models_next_user_turn_starts_from_bfcls_prompt(backbone, n=2):
+    """A thinking model's reasoning stays in BFCL's prompts until the next user turn; then BFCL writes the
+    earlier messages without it. The engine goes on in a new segment from that prompt (Qwen3 keeping the keys
+    and values of the prefix the segments share, Qwen3.5 prefilling it whole), as the plain loop does."""
+    kind, policy, cfg, _ = backbone
+    think = Thinking(policy.renderer.encode("<think>\nPlan the call.\n</think>\n\n"))
+    rollout = dataclasses.replace(cfg.rollout, max_new_tokens=len(think.ids) + 4, max_response_tokens=200)
+    stats = RolloutStats()
+    trajs = run_rollouts(policy, [Episode(t) for t in TASKS[:n]], rollout, 1.0, 2, logits_hook=think, stats=stats)
+    plain = [
+        reference_rollout(policy, Episode(t), rollout, 1.0, 2, 0, i, logits_hook=think) for i, t in enumerate(TASKS[:n])
+    ]
+    assert_same(trajs, plain)
+    assert_plain_forward(policy, trajs)
+    for t in trajs:
+        assert len(t.segments) == len(t.turn_starts) - 1 >= 2, t.task_id  # one a user turn after the first
+        assert_prompts_are_bfcls(policy, t)
+    saved = stats.summary()["sequence_tokens"] - stats.model_tokens  # tokens laid down but not run again
+    assert (saved > sum(len(t.segments) for t in trajs) * trajs[0].prompt_len // 2) == (kind == "qwen3")
 
 
 def test_results_longer_than_a_prefill_piece_are_prefilled_whole(backbone):

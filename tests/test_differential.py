@@ -201,7 +201,7 @@ def _engine_prompts(task, script, renderer, protocol=QWEN_FC) -> tuple[list[list
         while not env.done and len(env.turns) == k + 1:
             text = script[k][sent] if sent < len(script[k]) else DONE_TEXT
             sent += 1
-            prompts.append(list(live.traj.input_ids))
+            prompts.append(live.traj.input_ids[live.traj.base :])
             for token in renderer.encode(text) + [renderer.end_of_turn_id]:
                 sequences.sampled(live, token, 0.0)
             sequences.end_message(live)
@@ -221,20 +221,24 @@ def test_the_engine_lays_down_bfcls_prompt_token_for_token(category):
         assert kit == bfcl and trajectory.exact, task.id
 
 
-@pytest.mark.parametrize("kind", ["think_block", "duplicated_call"])
-def test_a_message_bfcls_history_writes_otherwise_keeps_its_tokens_and_says_so(kind):
-    """BFCL's history drops a <think> block and writes two equal calls with no newline between them; the
-    engine keeps what the model sampled, marks the trajectory inexact, and goes on from BFCL's text."""
+@pytest.mark.parametrize("kind", ["reasoning_before_calls", "think_block", "duplicated_call", "prose_around_calls"])
+def test_where_bfcls_history_writes_a_message_otherwise_the_engine_goes_on_from_bfcls_prompt(kind):
+    """BFCL's history drops a thinking model's reasoning at the next user turn, a <think> block around calls
+    and the prose around calls, and writes two equal calls with no newline between them. The engine then
+    begins a new segment with BFCL's prompt: every prompt it lays down is BFCL's, token for token, and the
+    segments hold every token the model sampled, once."""
     renderer = ChatRenderer(tiny_tokenizer(), "bfcl")
-    differed = 0
+    segmented = 0
     for task in load_tasks()[::50]:
         script = PERTURBATIONS[kind](task, ground_truth_turns(task), random.Random(f"0:{task.id}:{kind}"))
         kit, trajectory = _engine_prompts(task, script, renderer)
         bfcl = [renderer.encode(p) for p in bfcl_verdict(task, script).prompts]
-        assert len(kit) == len(bfcl) and kit[0] == bfcl[0]
-        differed += kit != bfcl
-        assert kit == bfcl or not trajectory.exact  # a message the history writes otherwise ends exactness
-    assert differed > 0
+        assert kit == bfcl and trajectory.exact, task.id
+        segmented += bool(trajectory.segments)
+        sampled = [t for t, m in zip(trajectory.input_ids, trajectory.loss_mask, strict=True) if m]
+        sent = "".join(m["content"] + "<|im_end|>" for m in trajectory.messages if m["role"] == "assistant")
+        assert renderer.decode(sampled) == sent and len(sampled) == trajectory.n_sampled, task.id
+    assert segmented > 0
 
 
 def test_bad_options_are_one_line_naming_the_option(capsys):

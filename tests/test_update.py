@@ -265,3 +265,34 @@ def test_the_progress_bar_counts_every_sequence_once_per_forward_even_after_runn
             injected.hook.remove()
         assert injected.raised == 1 and policy.limits.micro_batch == 1
         assert bar.total == bar.n == passes * len(trajs)
+
+
+@pytest.mark.parametrize("loss_agg, factor", [("token_mean", 1.0), ("seq_mean_token_sum", 2.0)])
+@pytest.mark.parametrize("old", ["sampled", "recompute"])
+def test_a_trajectorys_segments_train_as_rows_of_their_own_with_its_advantage(loss_agg, factor, old):
+    """Four trajectories of two segments each (a prompt BFCL wrote anew) take the step their eight segments
+    take as trajectories of their own with the same advantages and per-token scales, in one mini-batch: the
+    same for a token mean; twice it for a sequence mean of token sums, which counts 4 sequences, not 8."""
+    from dataclasses import replace
+
+    grads = {}
+    for joined in (True, False):
+        cfg, policy = _update_policy([f"train.loss_agg={loss_agg}", f"train.old_logprobs={old}", "train.micro_batch=3"])
+        rows, adv = _made_up_round(policy)
+        scales = [torch.linspace(0.5, 1.5, len(t.input_ids)) for t in rows]
+        if joined:
+            trajs = [
+                replace(a, input_ids=a.input_ids + b.input_ids, loss_mask=a.loss_mask + b.loss_mask,
+                        old_logprobs=a.old_logprobs + b.old_logprobs, segments=[len(a.input_ids)])
+                for a, b in zip(rows[::2], rows[1::2], strict=True)
+            ]  # fmt: skip
+            args = (trajs, adv[::2], cfg, None, None, [torch.cat(scales[i : i + 2]) for i in (0, 2, 4, 6)])
+        else:  # every segment a trajectory, all in the first mini-batch
+            args = (rows, adv[::2].repeat_interleave(2), cfg, [i // 2 for i in range(8)], None, scales)
+        recorder = Recorder(policy.trainable_parameters())
+        m = update_module.update(policy, recorder, NoSchedule(), *args)
+        assert m["losses/optimizer_steps"] == 1
+        grads[joined] = recorder.grads[0]
+    for a, b in zip(grads[True], grads[False], strict=True):
+        assert a.abs().max() > 0
+        assert torch.allclose(a, factor * b, rtol=1e-4, atol=1e-6 * float(a.abs().max()))

@@ -194,16 +194,23 @@ from the reference cannot dominate the loss (k3 >= 0, so only the upper bound ca
 
 
 def loss_divisors(
-    loss_mask: torch.Tensor, loss_agg: str, n_tokens: float, n_sequences: float, token_sum_norm: float = 1.0
+    loss_mask: torch.Tensor,
+    loss_agg: str,
+    n_tokens: float,
+    n_sequences: float,
+    token_sum_norm: float = 1.0,
+    n_i: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B,) what each sequence's token sum of the loss is divided by; pass it to policy_loss as `divisors`.
 
     n_tokens and n_sequences are the counts of the WHOLE mini-batch (over its micro-batches, and summed
-    over the ranks), so the micro-batch losses add up to the mini-batch's aggregate however it is split."""
+    over the ranks), so the micro-batch losses add up to the mini-batch's aggregate however it is split.
+    n_i (B,): each sequence's loss tokens where a row is one segment of a longer trajectory (its
+    trajectory's; default: the row's own loss_mask sum)."""
     assert loss_agg in LOSS_AGGREGATIONS, f"unknown loss_agg {loss_agg!r}; known: {list(LOSS_AGGREGATIONS)}"
     assert loss_mask.dim() == 2, f"loss_mask must be (B, T), got {tuple(loss_mask.shape)}"
     assert n_tokens > 0 and n_sequences > 0 and token_sum_norm > 0
-    n_i = loss_mask.float().sum(-1)  # (B,)
+    n_i = loss_mask.float().sum(-1) if n_i is None else n_i.float()  # (B,)
     return LOSS_AGGREGATIONS[loss_agg](n_i, float(n_tokens), float(n_sequences), float(token_sum_norm))
 
 

@@ -51,13 +51,19 @@ def reference_rollout(
         t.old_logprobs += [logprob] * len(ids)
 
     def follow(new: list[dict], generation_prompt: bool, room: int) -> bool:
-        """Lay down the template's tokens for new messages if they fit with `room` tokens to spare."""
-        ids, exact = r.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
-        if len(t.input_ids) + len(ids) + room > cfg.max_total_tokens:
+        """Lay down the template's tokens for new messages if they fit with `room` tokens to spare; a new
+        segment with BFCL's prompt where its history writes the conversation otherwise than it is spelled."""
+        ids, exact = r.continuation(t.input_ids[t.base :], t.messages, new, t.tools, generation_prompt)
+        if not exact and generation_prompt and r.bfcl:
+            ids, exact = r.prompt_ids(t.messages + new, t.tools), True
+            if len(ids) + room > cfg.max_total_tokens:
+                return False
+            t.segments.append(len(t.input_ids))
+        elif len(t.input_ids) - t.base + len(ids) + room > cfg.max_total_tokens:
             return False
         lay(ids)
         t.messages += [dict(m) for m in new]
-        t.exact = t.exact and exact
+        t.exact = t.exact and (exact or (r.bfcl and not generation_prompt))  # BFCL writes nothing after the end
         return True
 
     def finish(observation: list[dict], truncated: bool) -> Trajectory:
@@ -81,13 +87,13 @@ def reference_rollout(
     try:
         while True:  # one assistant message per pass
             response_left = cfg.max_response_tokens - t.n_sampled
-            total_left = cfg.max_total_tokens - len(t.input_ids) - closing
+            total_left = cfg.max_total_tokens - (len(t.input_ids) - t.base) - closing
             budget = min(cfg.max_new_tokens, response_left, total_left)
             message: list[int] = []
             start = len(t.input_ids)
             mark_turn(t, env, start)
             while True:
-                ids = torch.tensor([t.input_ids], device=policy.device)  # (1, T): the whole sequence so far
+                ids = torch.tensor([t.input_ids[t.base :]], device=policy.device)  # (1, T): the segment so far
                 logits = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1].float()  # (1, V)
                 # old log-probs: the distribution the sampler draws from (logits / T, before the hook and top-p)
                 logprobs = torch.log_softmax(logits / scored_temperature(temperature), dim=-1)

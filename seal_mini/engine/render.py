@@ -190,7 +190,8 @@ class ChatRenderer:
         if tokenizer.eos_token_id is not None:
             stops.add(tokenizer.eos_token_id)
         self.stop_ids = frozenset(stops)
-        bfcl = tool_format in SPECIAL_TOKENS  # BFCL's prompts have no default system text
+        self.bfcl = bfcl = tool_format in SPECIAL_TOKENS
+        """BFCL's handler writes the prompts: each anew, with no default system text."""
         self.default_system = {False: "" if bfcl else self._default_system(None)}
         """The template's default system text, without tools (False) and with them (True); "" if none."""
         if tool_format != "prompt":  # prompt mode never hands the template any tools

@@ -341,7 +341,12 @@ class _Live(LiveEpisode):
     slot: int = -1
     """Its slot in the KV cache (-1 before it gets one; the last one it had after it ended)."""
     cached: int = 0
-    """Tokens of traj.input_ids whose keys and values are in its slot (all but the newest while live)."""
+    """Tokens of the current segment whose keys and values are in its slot (all but the newest while live)."""
+
+    @property
+    def pending(self) -> int:
+        """Tokens of the current segment to prefill before the next decode (all but the newest are cached then)."""
+        return len(self.traj.input_ids) - self.traj.base - 1 - self.cached
 
 
 GATHER_SHARE = 0.1
@@ -391,6 +396,14 @@ class _Batch:
                 by_slot.insert(target, moved)
         return by_slot
 
+    def rewind(self, live: _Live) -> None:
+        """A new segment began: the slot keeps the keys and values of the tokens it shares with the last
+        one; a linear layer's state holds all of the last segment's, so a hybrid model prefills it whole."""
+        if live.kept is not None:
+            segment = len(live.traj.input_ids) - live.traj.base
+            live.cached = 0 if self.kv.recurrent_layers else min(live.cached, live.kept, segment - 1)
+            live.kept = None
+
     # -- prefill ---------------------------------------------------------------------------------------
 
     def prefill(self, lives: list[_Live]) -> None:
@@ -401,14 +414,13 @@ class _Batch:
         tasks with the same tools share the system prompt (thousands of tokens); only the rest is run.
         Keys and values of a prefix do not depend on what follows it, so nothing changes but the work."""
         prompts = [x for x in lives if x.cached == 0]
-        results = sorted((x for x in lives if x.cached > 0), key=lambda x: len(x.traj.input_ids) - x.cached)
+        results = sorted((x for x in lives if x.cached > 0), key=lambda x: x.pending)
         for live in prompts:
-            ids = live.traj.input_ids[:-1]
+            ids = live.traj.input_ids[live.traj.base : -1]
             source = self.last_prompt
             if source is not None and self.owner[source.slot] is source:  # its cache is still in its slot
-                shared = min(
-                    len(os.path.commonprefix([source.traj.input_ids[: source.traj.prompt_len - 1], ids])), source.cached
-                )
+                cached = source.traj.input_ids[source.traj.base :][: source.cached]
+                shared = len(os.path.commonprefix([cached, ids]))
                 # A short common prefix saves little, and a long prefill after a cache cannot use the fused
                 # causal kernel (measured 2x slower on CPU), so only reuse one that covers half the prompt.
                 # A linear layer's state is the one after all the source's cached tokens: usable only there.
@@ -423,12 +435,12 @@ class _Batch:
         # long, plus a little), so padding stays small.
         chunk: list[_Live] = []
         for live in results:
-            n = len(live.traj.input_ids) - 1 - live.cached
+            n = live.pending
             if n == 0:
                 continue
             if chunk:
-                shortest = len(chunk[0].traj.input_ids) - 1 - chunk[0].cached
-                width = max(len(x.traj.input_ids) for x in (*chunk, live))
+                shortest = chunk[0].pending
+                width = max(len(x.traj.input_ids) - x.traj.base for x in (*chunk, live))
                 if (
                     n * (len(chunk) + 1) > self.prefill_tokens
                     or n > 2 * shortest + 32
@@ -450,12 +462,12 @@ class _Batch:
 
     def _prefill_alone(self, live: _Live) -> None:
         """One episode's new tokens, in pieces of at most prefill_tokens (bounds the activations)."""
-        while live.cached < len(live.traj.input_ids) - 1:
+        while live.pending:
             self._prefill_chunk([live])
 
     def _prefill_chunk(self, lives: list[_Live]) -> None:
         limit = self.prefill_tokens if len(lives) == 1 else None  # a chunk of several is sized by prefill()
-        new = [live.traj.input_ids[live.cached : -1][:limit] for live in lives]
+        new = [live.traj.input_ids[live.traj.base + live.cached : -1][:limit] for live in lives]
         width = max(len(n) for n in new)
         input_ids = torch.tensor([n + [self.pad_id] * (width - len(n)) for n in new], device=self.device)  # (R, N)
         started = time.perf_counter()
@@ -477,7 +489,7 @@ class _Batch:
     def decode(self, sequences: Sequences, hook: LogitsHook | None) -> list[_Live]:
         """One token per live episode per forward until at least one message ends; returns those episodes."""
         rows = self.pack()
-        assert all(x.cached == len(x.traj.input_ids) - 1 for x in rows), "decode needs every earlier token cached"
+        assert not any(x.pending for x in rows), "decode needs every earlier token cached"
         started = time.perf_counter()
         while True:
             input_ids = torch.tensor([[live.traj.input_ids[-1]] for live in rows], device=self.device)  # (R, 1)
@@ -578,6 +590,7 @@ class _Engine:
             ready = []
             for live in batch.decode(self.sequences, self.logits_hook):
                 if self.sequences.end_message(live):
+                    batch.rewind(live)
                     ready.append(live)  # its new tokens are prefilled before it decodes again
                 else:
                     batch.release(live)

@@ -10,6 +10,13 @@ Observation tokens come from rendering the whole conversation with the chat temp
 only the text beyond what the sequence already spells (seal_mini.engine.render.ChatRenderer.continuation), so
 decoding a finished sequence gives the template's rendering of the episode's messages.
 
+BFCL's handlers write every prompt anew from their chat history, which keeps a message as the handler
+read it: a thinking model's reasoning only until the next user turn, calls re-written from their JSON. Where
+that history no longer spells the tokens sampled, the episode goes on in a new segment (Trajectory.segments)
+that starts from the prompt BFCL writes, so every prompt the model answers is BFCL's. The segments lie one
+after the other in input_ids; each is a sequence of its own for the model (its positions start at 0) and a
+row of its own in the update, and the length limits other than the response limit count each on its own.
+
 The length limits (rollout.*). A prompt over max_prompt_tokens, or without room for one token under
 max_total_tokens, gives an empty, truncated trajectory. A message may sample max_new_tokens; one cut there
 gets the template's end-of-turn token (loss_mask 0) and goes to the environment as it is (n_cut). A
@@ -77,11 +84,24 @@ class Trajectory:
     n_cut: int = 0
     """Messages cut at rollout.max_new_tokens (their end-of-turn token was appended, loss_mask 0)."""
     exact: bool = True
-    """decode(input_ids) == render(messages). False only when the template rewrites an assistant
-    message (e.g. strips whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+    """decode(the last segment) == render(messages); under BFCL's handlers, which write prompts only, every
+    prompt laid down is BFCL's. False only when the template rewrites an assistant message (e.g. strips
+    whitespace) or the first prompt alone was over the limit (no tokens at all)."""
     turn_starts: list[int] = field(default_factory=list)
     """Where the first assistant message of each task turn played begins: turn k's sampled tokens lie
     from turn_starts[k] to the next start (the env's `turn_index`; all turn 0 for an env without one)."""
+    segments: list[int] = field(default_factory=list)
+    """Where each segment after the first begins in input_ids: a prompt BFCL wrote anew (module docstring)."""
+
+    @property
+    def base(self) -> int:
+        """Where the current (last) segment begins."""
+        return self.segments[-1] if self.segments else 0
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(start, end) of each segment: the sequences the model saw, each a row of the update."""
+        starts = [0, *self.segments]
+        return list(zip(starts, [*self.segments, len(self.input_ids)], strict=True))
 
 
 LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
@@ -153,6 +173,18 @@ def mark_turn(t: Trajectory, env: EnvLike, start: int) -> None:
         t.turn_starts.append(start)
 
 
+def new_segment(t: Trajectory, prompt: list[int]) -> int:
+    """Begin a new segment (the caller lays its prompt down); returns how many first tokens it shares with
+    the last one."""
+    shared = 0
+    for a, b in zip(t.input_ids[t.base :], prompt, strict=False):
+        if a != b:
+            break
+        shared += 1
+    t.segments.append(len(t.input_ids))
+    return shared
+
+
 def task_id(env, index: int) -> str:
     """The id of an episode's task (`#index` for an environment without one)."""
     task = getattr(env, "task", None)
@@ -175,6 +207,9 @@ class LiveEpisode:
     message: list[int] = field(default_factory=list)
     start: int = 0
     """Where the current message's first token lies in the sequence."""
+    kept: int | None = None
+    """After a new segment began: how many of its first tokens the last segment had too (their keys and
+    values stay valid; the engine resets this once it has read it)."""
     budget: int = 0
     """Tokens the current message may sample."""
     limited: bool = False
@@ -216,7 +251,7 @@ class Sequences:
         """Start a new message: it may sample up to max_new_tokens, fewer if a length limit is nearer."""
         cfg, t = self.cfg, live.traj
         response_left = cfg.max_response_tokens - t.n_sampled
-        total_left = cfg.max_total_tokens - len(t.input_ids) - len(self.renderer.close_ids)
+        total_left = cfg.max_total_tokens - (len(t.input_ids) - t.base) - len(self.renderer.close_ids)
         live.budget = min(cfg.max_new_tokens, response_left, total_left)
         live.limited = min(response_left, total_left) <= cfg.max_new_tokens
         live.message, live.start = [], len(t.input_ids)
@@ -282,17 +317,24 @@ class Sequences:
         t.old_logprobs[live.start : end] = [0.0] * (end - live.start)
 
     def append(self, live: LiveEpisode, new: list[dict], generation_prompt: bool, room: int) -> bool:
-        """Lay down the tokens of new messages (and the next generation prompt) if they fit."""
-        t = live.traj
-        left = self.cfg.max_total_tokens - len(t.input_ids) - room
-        if sum(len(str(m.get("content") or "")) for m in new) > left * self.renderer.max_token_chars:
+        """Lay down the tokens of new messages (and the next generation prompt) if they fit; where BFCL
+        would write the next prompt otherwise than the sequence spells it, a new segment with its prompt."""
+        t, r = live.traj, self.renderer
+        left = self.cfg.max_total_tokens - (len(t.input_ids) - t.base) - room
+        if sum(len(str(m.get("content") or "")) for m in new) > left * r.max_token_chars:
             return False  # too long to fit, whatever its tokens: a tool's 10 MB output is not tokenized (20 s)
-        ids, exact = self.renderer.continuation(t.input_ids, t.messages, new, t.tools, generation_prompt)
-        if len(t.input_ids) + len(ids) + room > self.cfg.max_total_tokens:
+        ids, exact = r.continuation(t.input_ids[t.base :], t.messages, new, t.tools, generation_prompt)
+        if not exact and generation_prompt and r.bfcl:
+            ids = r.prompt_ids(t.messages + new, t.tools)
+            if len(ids) + room > self.cfg.max_total_tokens:
+                return False
+            live.kept = new_segment(t, ids)
+            exact = True
+        elif len(t.input_ids) - t.base + len(ids) + room > self.cfg.max_total_tokens:
             return False
         live.add(ids)
         t.messages += [dict(m) for m in new]
-        t.exact = t.exact and exact
+        t.exact = t.exact and (exact or (r.bfcl and not generation_prompt))  # BFCL writes nothing after the end
         return True
 
     def close(self, live: LiveEpisode, observation: list[dict]) -> None:

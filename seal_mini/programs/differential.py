@@ -478,6 +478,13 @@ def _written(form: str):
     return build
 
 
+def _reasoning(task, gt, rng):
+    """A thinking model (Qwen3-8B): a <think> block before each message's calls, one call a message. BFCL's
+    prompts keep the reasoning of the messages since the last user turn and drop the earlier ones'."""
+    think = lambda k, m: f"<think>\nTurn {k}: {rng.choice(['next', 'then', 'now'])} this.\n</think>\n\n{m}"  # noqa: E731
+    return [[think(k, m) for m in messages] for k, messages in enumerate(_stepwise(task, gt, rng))]
+
+
 def _two_in_one_block(task, gt, rng):
     turns = _turns_with(gt, 2)
     if not turns:
@@ -822,6 +829,7 @@ QWEN_ONLY = (
     "no_arguments_key",
     "prose_around_calls",
     "think_block",
+    "reasoning_before_calls",
     "code_in_name",
     "code_in_key",
 )
@@ -852,6 +860,7 @@ PERTURBATIONS: dict[str, Callable] = {
     "no_arguments_key": _written("no_arguments"),
     "prose_around_calls": _written("with_prose"),
     "think_block": _written("think"),
+    "reasoning_before_calls": _reasoning,
     "broken_only_call": _broken_only_call,
     "python_builtin": _builtin,
     "non_finite_number": _non_finite,

@@ -380,10 +380,15 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
         "seconds": round(seconds, 1),
         "prefill_tok_per_s": s["prefill_tokens_per_s"],
         "decode_tok_per_s": s["decode_tokens_per_s"],
-        "longest_tokens": max(len(t.input_ids) for t in trajs),
-        "typical_tokens": round(sum(len(t.input_ids) for t in trajs[G:]) / len(trajs[G:])),
+        "longest_tokens": max(map(row_tokens, trajs)),
+        "typical_tokens": round(sum(map(row_tokens, trajs[G:])) / len(trajs[G:])),
         **peak_memory(policy.device),
     }, trajs
+
+
+def row_tokens(t) -> int:
+    """The longest sequence the update runs for a trajectory (its longest segment)."""
+    return max(b - a for a, b in t.spans())
 
 
 def update_phase(policy, cfg: Config, trajectory) -> dict:
@@ -504,8 +509,8 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
         ):
             problems.append(_rollout_advice(cfg, policy.limits))
         G = cfg.rollout.group_size
-        typical = min(trajs[G:], key=lambda t: abs(len(t.input_ids) - r["typical_tokens"]))
-        longest = max(trajs, key=lambda t: len(t.input_ids))
+        typical = min(trajs[G:], key=lambda t: abs(row_tokens(t) - r["typical_tokens"]))
+        longest = max(trajs, key=row_tokens)
         before = asdict(policy.limits)
         result["update_typical"] = update_phase(policy, cfg, typical)
         result["update_max"] = update_phase(policy, cfg, longest)

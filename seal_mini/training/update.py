@@ -33,6 +33,16 @@ def collate(trajectories: list[Trajectory], device) -> tuple[torch.Tensor, ...]:
     return ids.to(device), attention.to(device), mask.to(device), old.to(device)
 
 
+def segment(t: Trajectory, start: int, end: int) -> Trajectory:
+    """One segment of a trajectory as a sequence of its own (Trajectory.spans)."""
+    if (start, end) == (0, len(t.input_ids)):
+        return t
+    cut = slice(start, end)
+    return replace(
+        t, input_ids=t.input_ids[cut], loss_mask=t.loss_mask[cut], old_logprobs=t.old_logprobs[cut], segments=[]
+    )
+
+
 @dataclass(frozen=True)
 class MiniBatchCounts:
     """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
@@ -71,23 +81,29 @@ def update(
     sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back.
 
     `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
-    is then advantages[i] x scales[i][t] (grpo.turn_scales)."""
+    is then advantages[i] x scales[i][t] (grpo.turn_scales).
+
+    Each segment of a trajectory (a prompt BFCL wrote anew, Trajectory.segments) is a sequence of its own,
+    with its trajectory's advantage; the aggregation still counts the trajectory as one sequence."""
     model, tc = policy.model, cfg.train
     progress = tqdm(disable=True) if progress is None else progress
     params = policy.trainable_parameters()
     per_mini = tc.mini_batch_tasks * cfg.rollout.group_size
     positions = list(range(len(trajectories))) if positions is None else positions
     round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
-    # episodes that sampled nothing (a prompt over the limit) carry no loss and are left out
+    spans = [(i, a, b) for i, t in enumerate(trajectories) for a, b in t.spans()]
+    rows = [segment(trajectories[i], a, b) for i, a, b in spans]
+    owned = [sum(trajectories[i].loss_mask) for i, _, _ in spans]  # loss tokens of each row's trajectory
+    # rows that sampled nothing (a prompt over the limit) carry no loss and are left out
     minis = [
-        [i for i, p in enumerate(positions) if start <= p < start + per_mini and any(trajectories[i].loss_mask)]
+        [r for r, (i, _, _) in enumerate(spans) if start <= positions[i] < start + per_mini and any(rows[r].loss_mask)]
         for start in range(0, round_size, per_mini)
     ]
     model.train()
     recompute = tc.old_logprobs == "recompute"
     progress.reset(total=(1 + recompute) * sum(len(mini) for mini in minis))
     if recompute:  # the old log-probs of the current policy, before it takes a step
-        trajectories = recompute_old_logprobs(policy, trajectories, minis, cfg, progress)
+        rows = recompute_old_logprobs(policy, rows, minis, cfg, progress)
     # policy_loss divides every micro-batch by its mini-batch's counts, so metric sums over one
     # mini-batch are that mini-batch's means; averaging over the optimizer steps gives the round's.
     sums: dict[str, float] = {}
@@ -101,15 +117,19 @@ def update(
 
     for k, mini in enumerate(minis):
         counts = MiniBatchCounts(
-            tokens=all_reduce_sum(sum(sum(trajectories[i].loss_mask) for i in mini)),
-            sequences=all_reduce_sum(len(mini)),
+            tokens=all_reduce_sum(sum(sum(rows[r].loss_mask) for r in mini)),
+            sequences=all_reduce_sum(len({spans[r][0] for r in mini})),
         )
         if counts.tokens == 0:
             continue
-        batch = [trajectories[i] for i in mini]
+        batch = [rows[r] for r in mini]
         bar_start = progress.n
-        adv = advantages[mini] if scales is None else [(advantages[i] * scales[i]).tolist() for i in mini]
-        attempt = partial(accumulate_gradients, policy, batch, adv, counts, cfg, progress)
+        if scales is None:
+            adv = advantages[[spans[r][0] for r in mini]]
+        else:
+            adv = [(advantages[i] * scales[i][a:b]).tolist() for i, a, b in (spans[r] for r in mini)]
+        whole = torch.tensor([owned[r] for r in mini], dtype=torch.float32)
+        attempt = partial(accumulate_gradients, policy, batch, adv, counts, cfg, progress, whole)
         mini_sums = until_it_fits(attempt, redo_smaller, policy.device)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
         mini_sums = all_reduce_sums(mini_sums)
@@ -154,10 +174,12 @@ def accumulate_gradients(
     counts: MiniBatchCounts,
     cfg: Config,
     progress: tqdm,
+    whole: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
     `advantages` is one per sequence (B,), or a list of one per token for each sequence. `progress` (a tqdm
-    bar) advances by each micro-batch's sequences."""
+    bar) advances by each micro-batch's sequences. `whole` (B,): the loss tokens of the trajectory each
+    sequence is a segment of (default: its own)."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -174,7 +196,8 @@ def accumulate_gradients(
         micro_adv = (right_pad(micro_adv, torch.float32) if isinstance(micro_adv, list) else micro_adv).to(
             policy.device
         )
-        divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm)  # (b,)
+        n_i = None if whole is None else whole[m : m + micro_batch].to(policy.device)
+        divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm, n_i)  # (b,)
         loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
         loss.backward()
         for k, v in metrics.items():
