@@ -65,6 +65,47 @@ def call_blocks(calls: list[tuple[str, dict]]) -> list[str]:
     return [format_call(n, a) for n, a in calls]
 
 
+# --- damaged calls: how a model writes a call wrong (these builders' and `oracle --differential`'s) ------
+
+
+def damaged(name: str, arguments: dict, how: str) -> str:
+    """One call's block written wrong: `broken` (its closing brace missing), `one_line` (the tags on the
+    JSON's line), `fenced_json` (a code fence inside the tags), `as_string` (the arguments one JSON string),
+    `no_arguments` (no "arguments" key). BFCL's decoder drops the first three without a word."""
+    body = json.dumps({"name": name, "arguments": arguments})
+    return {
+        "broken": f"{OPEN}\n{body[:-1]}\n{CLOSE}",
+        "one_line": f"{OPEN}{body}{CLOSE}",
+        "fenced_json": f"{OPEN}\n```json\n{body}\n```\n{CLOSE}",
+        "as_string": f"{OPEN}\n{json.dumps({'name': name, 'arguments': json.dumps(arguments)})}\n{CLOSE}",
+        "no_arguments": f"{OPEN}\n{json.dumps({'name': name})}\n{CLOSE}",
+    }[how]
+
+
+def one_block(calls: list[tuple[str, dict]]) -> str:
+    """Several calls' JSON objects in one block (BFCL's decoder drops the block)."""
+    objects = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls)
+    return f"{OPEN}\n{objects}\n{CLOSE}"
+
+
+def other_value(value, spec: dict):
+    """Another value of the same JSON type (inside the enum when there is one), or None."""
+    if "enum" in spec:
+        others = [v for v in spec["enum"] if v != value]
+        return others[0] if others else None
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value + 1.5
+    if isinstance(value, str):
+        return value + "_x"
+    if isinstance(value, list) and value:
+        return value[:-1] if len(value) > 1 else [other_value(value[0], {})]
+    return None
+
+
 def turn_messages(blocks: list[str], parallel: bool = False, final: str | None = DONE_TEXT) -> list[str]:
     """A turn's assistant messages: one call per message, as an agent that reads each result before
     its next call (parallel: all calls in one message, as the oracle scripts), then the final answer."""
@@ -84,9 +125,8 @@ def _malformed(task, p, turn, rng):
         return None
     calls = as_pairs(p[turn])
     i = rng.randrange(len(calls))
-    blocks = [format_call(n, a) for n, a in calls]
-    body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
-    blocks[i] = f"{OPEN}\n{body[:-1]}\n{CLOSE}"  # the closing brace is missing
+    blocks = call_blocks(calls)
+    blocks[i] = damaged(*calls[i], "broken")
     return blocks, f"{calls[i][0]} broken"
 
 
@@ -152,33 +192,15 @@ def _retype(call, schema, rng):
     return {**call.arguments, arg: value}, f"{arg} as {type(value).__name__}"
 
 
-def _other_value(value, spec: dict):
-    """Another value of the same JSON type (inside the enum when there is one), or None."""
-    if "enum" in spec:
-        others = [v for v in spec["enum"] if v != value]
-        return others[0] if others else None
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, int):
-        return value + 1
-    if isinstance(value, float):
-        return value + 1.5
-    if isinstance(value, str):
-        return value + "_x"
-    if isinstance(value, list) and value:
-        return value[:-1] if len(value) > 1 else [_other_value(value[0], {})]
-    return None
-
-
 def _revalue(call, schema, rng):
     if not call.changes_state:
         return None
     props = schema.get("properties", {})
-    options = [a for a, v in call.arguments.items() if _other_value(v, props.get(a, {})) is not None]
+    options = [a for a, v in call.arguments.items() if other_value(v, props.get(a, {})) is not None]
     if not options:
         return None
     arg = _choose(options, rng)
-    return {**call.arguments, arg: _other_value(call.arguments[arg], props.get(arg, {}))}, f"{arg} changed"
+    return {**call.arguments, arg: other_value(call.arguments[arg], props.get(arg, {}))}, f"{arg} changed"
 
 
 def _near_miss(call, schema, rng):
@@ -422,9 +444,8 @@ def _written(form: str):
             return None
         calls = as_pairs(p[turn])
         i = rng.randrange(len(calls))
-        body = json.dumps({"name": calls[i][0], "arguments": calls[i][1]})
         blocks = call_blocks(calls)
-        blocks[i] = f"{OPEN}{body}{CLOSE}" if form == "one_line" else f"{OPEN}\n```json\n{body}\n```\n{CLOSE}"
+        blocks[i] = damaged(*calls[i], form)
         return blocks, f"{calls[i][0]} written {form}"
 
     return build
@@ -435,10 +456,8 @@ def _two_in_one(task, p, turn, rng):
         return None
     calls = as_pairs(p[turn])
     i = rng.randrange(len(calls) - 1)
-    both = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in calls[i : i + 2])
-    return call_blocks(calls[:i]) + [f"{OPEN}\n{both}\n{CLOSE}"] + call_blocks(
-        calls[i + 2 :]
-    ), f"{calls[i][0]} + {calls[i + 1][0]}"
+    blocks = call_blocks(calls[:i]) + [one_block(calls[i : i + 2])] + call_blocks(calls[i + 2 :])
+    return blocks, f"{calls[i][0]} + {calls[i + 1][0]}"
 
 
 REPAIRED = ("repaired_malformed_call", "repaired_failing_call")
@@ -453,8 +472,7 @@ def _repaired_malformed(task, p, turn, rng):
     if len(calls) < 2:  # the last call, so that the repair runs in the reference's order; another runs next to it
         return None
     name, arguments = calls[-1]
-    first = f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})[:-1]}\n{CLOSE}"
-    message = "\n".join(call_blocks(calls[:-1]) + [first])
+    message = "\n".join(call_blocks(calls[:-1]) + [damaged(name, arguments, "broken")])
     return [message, format_call(name, arguments)], f"{name} broken, then repaired"
 
 
@@ -484,7 +502,7 @@ BUILDERS = {
     "unrepaired_error": _failing,
     "other_instance_call": _other_instance,
     "one_line_call": _written("one_line"),
-    "fenced_call": _written("fenced"),
+    "fenced_call": _written("fenced_json"),
     "two_calls_one_block": _two_in_one,
     "repaired_malformed_call": _repaired_malformed,
     "repaired_failing_call": _repaired_failing,

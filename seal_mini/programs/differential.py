@@ -45,6 +45,7 @@ from functools import cache
 from types import SimpleNamespace
 
 from seal_mini.config import CATEGORIES, ConfigError, nonnegative
+from seal_mini.core.faults import damaged, one_block, other_value
 from seal_mini.envs.bfcl import V3_CLASSES, Task, foreign_tool_names, load_tasks, to_chat_tool
 from seal_mini.envs.harness import (
     BFCL_MODEL,
@@ -317,25 +318,13 @@ def _schema(task: Task, name: str) -> dict:
     return next(to_chat_tool(d) for d in docs if d["name"] == name)["function"]["parameters"]
 
 
-def _other_value(value):
-    if isinstance(value, bool):
-        return not value
-    if isinstance(value, (int, float)):
-        return value + 1
-    if isinstance(value, str):
-        return value + "_x"
-    if isinstance(value, list) and value:
-        return value[:-1]
-    return None
-
-
 def _wrong_value(call, task, rng):
     name, args = call
-    keys = [k for k, v in args.items() if _other_value(v) is not None]
+    keys = [k for k, v in args.items() if other_value(v, {}) is not None]
     if not keys:
         return None
     key = rng.choice(keys)
-    return name, {**args, key: _other_value(args[key])}
+    return name, {**args, key: other_value(args[key], {})}
 
 
 def _wrong_type(call, task, rng):
@@ -436,16 +425,11 @@ def _empty_turn_call(task, gt, rng):
     return _script(gt, rng.choice(empty), [_message([call])])
 
 
-def _broken(call: Call) -> str:
-    body = json.dumps({"name": call[0], "arguments": call[1]})
-    return f"<tool_call>\n{body[:-1]}\n</tool_call>"  # the closing brace is missing
-
-
 def _malformed(task, gt, rng):
     k = rng.choice(_turns_with(gt))
     blocks = [format_call(n, a) for n, a in gt[k]]
     i = rng.randrange(len(blocks))
-    blocks[i] = _broken(gt[k][i])
+    blocks[i] = damaged(*gt[k][i], "broken")
     return _script(gt, k, ["\n".join(blocks)])
 
 
@@ -453,16 +437,11 @@ def _written(form: str):
     """A turn's calls written in another form: one_line, fenced_json, fenced_message, as_string, no_arguments."""
 
     def block(call: Call) -> str:
-        obj = {"name": call[0], "arguments": call[1]}
-        if form == "one_line":
-            return f"<tool_call>{json.dumps(obj)}</tool_call>"
-        if form == "fenced_json":
-            return f"<tool_call>\n```json\n{json.dumps(obj)}\n```\n</tool_call>"
-        if form == "as_string":
-            return f"<tool_call>\n{json.dumps({'name': call[0], 'arguments': json.dumps(call[1])})}\n</tool_call>"
-        if form == "no_arguments":
-            return f"<tool_call>\n{json.dumps({'name': call[0]})}\n</tool_call>"
-        return format_call(*call)
+        return (
+            damaged(*call, form)
+            if form in ("one_line", "fenced_json", "as_string", "no_arguments")
+            else format_call(*call)
+        )
 
     def build(task, gt, rng):
         k = rng.choice(_turns_with(gt))
@@ -490,15 +469,14 @@ def _two_in_one_block(task, gt, rng):
     if not turns:
         return None
     k = rng.choice(turns)
-    objs = "\n".join(json.dumps({"name": n, "arguments": a}) for n, a in gt[k][:2])
     rest = [format_call(n, a) for n, a in gt[k][2:]]
-    return _script(gt, k, ["\n".join([f"<tool_call>\n{objs}\n</tool_call>", *rest])])
+    return _script(gt, k, ["\n".join([one_block(gt[k][:2]), *rest])])
 
 
 def _repaired(task, gt, rng):
     """A message whose calls are all broken, then the correct calls: BFCL ends the turn on the first."""
     k = rng.choice(_turns_with(gt))
-    return _script(gt, k, ["\n".join(_broken(c) for c in gt[k]), _message(gt[k]), DONE_TEXT])
+    return _script(gt, k, ["\n".join(damaged(*c, "broken") for c in gt[k]), _message(gt[k]), DONE_TEXT])
 
 
 def _broken_only_call(task, gt, rng):
