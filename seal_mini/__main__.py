@@ -10,18 +10,21 @@ import sys
 from seal_mini.config import ConfigError
 from seal_mini.runio import FileError
 
-# command -> (module, one-line help). Modules are imported lazily: `oracle` needs no torch.
+# command -> (module[:function, default main], one-line help). Modules are imported lazily: `oracle` needs no torch.
 COMMANDS = {
     "pipeline": ("seal_mini.programs.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
-    "sft": ("seal_mini.programs.sft", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
-    "train": ("seal_mini.programs.train", "SEAL training for a recipe, or --resume RUN_DIR"),
+    "sft": (
+        "seal_mini.programs.pipeline:sft_command",
+        "build a recipe's warm start: supervised fine-tuning on demonstrations",
+    ),
+    "train": ("seal_mini.programs.pipeline:train_command", "SEAL training for a recipe, or --resume RUN_DIR"),
     "sweep": ("seal_mini.programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
     "probe": (
         "seal_mini.programs.probe",
         "what RL starts from on a recipe's warm start: success, mixed groups, labels, weights, each cue's effect",
     ),
     "eval": ("seal_mini.programs.eval", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
-    "report": ("seal_mini.programs.report", "markdown report with plots from run directories"),
+    "report": ("seal_mini.programs.pipeline:report_command", "markdown report with plots from run directories"),
     "oracle": ("seal_mini.programs.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": (
         "seal_mini.programs.diagnose_check",
@@ -67,16 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     # sizes match, and reserved-but-unusable memory piles up; expandable segments grow and shrink in
     # place. Read when CUDA first allocates, so it is set here, before any command runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-    module = importlib.import_module(COMMANDS[argv[0]][0])
+    module, _, function = COMMANDS[argv[0]][0].partition(":")
+    command = getattr(importlib.import_module(module), function or "main")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun started this process as one of several ranks
         if argv[0] not in DATA_PARALLEL:
             print(f"error: {argv[0]} runs in one process; start it without torchrun", file=sys.stderr)
             return 2
         from seal_mini import distributed
 
-        return distributed.run_command(module.main, argv[1:])
+        return distributed.run_command(command, argv[1:])
     try:
-        return module.main(argv[1:])
+        return command(argv[1:])
     except (ConfigError, FileError, OSError) as e:  # a wrong setting, a damaged file, a full disk: one line
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -199,7 +199,7 @@ def test_eval_results_are_what_the_report_and_the_model_card_read(tmp_path):
     from seal_mini.engine.policy import save_adapter
     from seal_mini.programs.eval import main as eval_main
     from seal_mini.programs.export import model_card
-    from seal_mini.programs.report import main as report_main
+    from seal_mini.programs.pipeline import report_command as report_main
     from seal_mini.runio import write_json, write_yaml
 
     overrides = ["model.name=tiny-random", "device=cpu", "rollout.max_new_tokens=8", f"out_dir={tmp_path}", "name=r"]

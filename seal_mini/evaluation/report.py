@@ -1,5 +1,5 @@
 """A markdown report with PNG plots, drawn from run directories' files alone (build_report; the command
-is seal_mini/programs/report.py).
+is seal_mini/programs/pipeline.py).
 
 Sections: the Table-1-style result (backbone -> trained, per category and average, with deltas), the
 Table-2-style out-of-distribution result (BFCL V4 memory / web search, tau2 domains), the Table-3-style ablation table when several runs are given, held-in success over training steps,

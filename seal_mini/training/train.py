@@ -21,7 +21,7 @@ How this differs from textbook GRPO (one prompt, one completion, one reward):
 The loop reads top to bottom in `train`: rollout -> reward -> diagnose -> advantage -> update ->
 evolve -> log -> evaluate -> checkpoint. Around it: the update's plumbing (training/update.py), checkpoints
 and resume (training/checkpoint.py), what rank 0 writes (training/tracking.py: RunWriter), and the command
-line (programs/train.py). Under torchrun every rank runs this loop; seal_mini.distributed says what they split.
+line (programs/pipeline.py). Under torchrun every rank runs this loop; seal_mini.distributed says what they split.
 """
 
 from __future__ import annotations
