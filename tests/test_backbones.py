@@ -11,11 +11,11 @@ import dataclasses
 import pytest
 import torch
 from conftest import TINY_SHAPES
+from reference import reference_rollout
 
 from seal_mini.config import load_config
 from seal_mini.engine.logprobs import right_pad, token_logprobs
 from seal_mini.engine.policy import load_policy
-from seal_mini.engine.reference import reference_rollout
 from seal_mini.engine.rollout import RolloutStats, kv_bytes_per_token, run_rollouts, slot_bytes, state_bytes_per_slot
 from seal_mini.engine.sequences import sample_numbers, task_id
 from seal_mini.envs.bfcl import tasks_by_id

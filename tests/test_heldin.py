@@ -1,10 +1,10 @@
 """Evaluation: one code path for models and scripted policies, the bare benchmark, resumable."""
 
 import pytest
+from conftest import Interrupting
 
 from seal_mini.config import load_config
 from seal_mini.engine.policy import load_policy
-from seal_mini.engine.tiny import Interrupting
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent
 from seal_mini.evaluation.heldin import evaluate, success_table

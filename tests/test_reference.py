@@ -19,10 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from reference import reference_rollout
 
 from seal_mini.config import load_config
 from seal_mini.engine.policy import load_policy
-from seal_mini.engine.reference import reference_rollout
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.rollout import RolloutStats, run_rollouts
 from seal_mini.engine.sequences import Trajectory, sample_numbers, task_id

@@ -251,8 +251,9 @@ def test_an_unreadable_message_the_interface_lets_the_model_retry_is_out_of_the_
     """parse_retry: the unreadable message stays in the sequence (the model saw it, and the error after it)
     with loss_mask 0; the corrected call and the answer that follow carry the loss, in the engine and in the
     plain reference rollout alike."""
+    from reference import reference_rollout
+
     from seal_mini.core.interface import Interface, InterfaceState
-    from seal_mini.engine.reference import reference_rollout
 
     task = TASKS["multi_turn_base_50"]
     good = oracle_script(policy, task)

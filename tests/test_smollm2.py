@@ -8,13 +8,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from conftest import smollm2_gguf
 
 from seal_mini.config import load_config
 from seal_mini.engine.logprobs import token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.rollout import RolloutStats, run_rollouts
 from seal_mini.engine.sequences import rendered_text
-from seal_mini.engine.tiny import smollm2_gguf
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.verifier import check

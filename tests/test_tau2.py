@@ -13,8 +13,9 @@ import pytest
 
 pytest.importorskip("tau2", reason="optional extra: pip install -r requirements-ood.txt")
 
+from conftest import Interrupting  # noqa: E402
+
 from seal_mini.config import ConfigError, load_config  # noqa: E402
-from seal_mini.engine.tiny import Interrupting  # noqa: E402
 from seal_mini.envs.toolcalls import format_call  # noqa: E402
 from seal_mini.evaluation import tau2 as tau2_eval  # noqa: E402
 from seal_mini.evaluation.agents import ScriptedAgent  # noqa: E402

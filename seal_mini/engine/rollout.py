@@ -2,7 +2,7 @@
 
 What an episode's tokens, loss_mask and old log-probs are is the business of seal_mini.engine.sequences
 (`Sequences`: the bookkeeping, no model) and is spelled out for one episode, one full forward per token,
-in seal_mini.engine.reference; tests/test_reference.py checks that this engine produces the same. Here
+in tests/reference.py; tests/test_reference.py checks that this engine produces the same. Here
 `_Batch` does the batched model work (slots, prefill, decode, sampling across rows) and `_Engine.run`
 joins it to the bookkeeping.
 

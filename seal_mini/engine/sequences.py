@@ -30,7 +30,7 @@ a warning, so one message never ends a training run.
 This module is the bookkeeping of that sequence and nothing else: no model runs here. `Sequences` lays
 an episode's tokens down (prompt, sampled tokens, what the environment answers) within the length
 limits; seal_mini.engine.rollout runs the model for many episodes at once and calls it, and
-seal_mini.engine.reference spells the same rules out for one episode, the plain way. Each episode samples
+tests/reference.py spells the same rules out for one episode, the plain way. Each episode samples
 from its own random stream (`episode_seed`), so both sample the same tokens.
 """
 

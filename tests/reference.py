@@ -3,7 +3,7 @@
 No batch, no KV cache, no padding: every sampled token comes from one forward over the whole sequence so
 far. The batched engine (seal_mini.engine.rollout, with its bookkeeping in seal_mini.engine.sequences)
 must give exactly this Trajectory: the same tokens, loss_mask and messages, the same old log-probs up to
-float rounding (tests/test_reference.py). The rules are written out again here on purpose, so that test
+float rounding (tests/test_reference.py, tests/test_backbones.py). The rules are written out again here on purpose, so that test
 checks the engine's bookkeeping as well as its model work. Only what must be shared is shared: the chat
 renderer, the sampler and the episode's random stream. It is slow (one full forward per token): read
 it, test against it, never train with it.
