@@ -241,6 +241,27 @@ def test_where_bfcls_history_writes_a_message_otherwise_the_engine_goes_on_from_
     assert segmented > 0
 
 
+def test_a_new_segment_starts_where_the_old_one_had_no_room_left():
+    """A long reasoning fills the first segment to its limit; BFCL's next prompt drops it and fits, so the
+    episode goes on in a new segment instead of ending truncated."""
+    renderer = ChatRenderer(tiny_tokenizer(), "bfcl")
+    task = tasks_by_id()["multi_turn_base_0"]
+    thinking = f"<think>\n{'plan ' * 400}\n</think>\n\n{DONE_TEXT}"
+    prompt = len(renderer.prompt_ids(*Episode(task).reset()))
+    message = renderer.encode(thinking) + [renderer.end_of_turn_id]
+    limit = prompt + len(message) + 2 + len(renderer.close_ids)  # no room for the next user turn after it
+    cfg = RolloutConfig(
+        max_new_tokens=len(message), max_prompt_tokens=prompt, max_response_tokens=10**6, max_total_tokens=limit
+    )
+    sequences, env = Sequences(renderer, cfg), Episode(task)
+    live = sequences.start(0, env, seed=0)
+    for token in message:
+        sequences.sampled(live, token, 0.0)
+    assert sequences.end_message(live) and not live.traj.truncated
+    assert live.traj.segments == [prompt + len(message)]
+    assert live.traj.input_ids[live.traj.base :] == renderer.prompt_ids(live.traj.messages, live.traj.tools)
+
+
 def test_bad_options_are_one_line_naming_the_option(capsys):
     from seal_mini.__main__ import main
 

@@ -15,7 +15,8 @@ read it: a thinking model's reasoning only until the next user turn, calls re-wr
 that history no longer spells the tokens sampled, the episode goes on in a new segment (Trajectory.segments)
 that starts from the prompt BFCL writes, so every prompt the model answers is BFCL's. The segments lie one
 after the other in input_ids; each is a sequence of its own for the model (its positions start at 0) and a
-row of its own in the update, and the length limits other than the response limit count each on its own.
+row of its own in the update; max_total_tokens bounds each segment (max_prompt_tokens the first prompt,
+max_response_tokens the episode's sampled tokens).
 
 The length limits (rollout.*). A prompt over max_prompt_tokens, or without room for one token under
 max_total_tokens, gives an empty, truncated trajectory. A message may sample max_new_tokens; one cut there
@@ -84,9 +85,10 @@ class Trajectory:
     n_cut: int = 0
     """Messages cut at rollout.max_new_tokens (their end-of-turn token was appended, loss_mask 0)."""
     exact: bool = True
-    """decode(the last segment) == render(messages); under BFCL's handlers, which write prompts only, every
-    prompt laid down is BFCL's. False only when the template rewrites an assistant message (e.g. strips
-    whitespace) or the first prompt alone was over the limit (no tokens at all)."""
+    """decode(the last segment) == render(messages); under BFCL's handlers, which write prompts only: every
+    prompt laid down is BFCL's (the closing tokens after the last message need not be its text). False only
+    when the template rewrites an assistant message (e.g. strips whitespace) or the first prompt alone was
+    over the limit (no tokens at all)."""
     turn_starts: list[int] = field(default_factory=list)
     """Where the first assistant message of each task turn played begins: turn k's sampled tokens lie
     from turn_starts[k] to the next start (the env's `turn_index`; all turn 0 for an env without one)."""
@@ -320,11 +322,12 @@ class Sequences:
         """Lay down the tokens of new messages (and the next generation prompt) if they fit; where BFCL
         would write the next prompt otherwise than the sequence spells it, a new segment with its prompt."""
         t, r = live.traj, self.renderer
-        left = self.cfg.max_total_tokens - (len(t.input_ids) - t.base) - room
+        anew = r.bfcl and generation_prompt  # the text may go into a new segment, which starts empty
+        left = self.cfg.max_total_tokens - (0 if anew else len(t.input_ids) - t.base) - room
         if sum(len(str(m.get("content") or "")) for m in new) > left * r.max_token_chars:
             return False  # too long to fit, whatever its tokens: a tool's 10 MB output is not tokenized (20 s)
         ids, exact = r.continuation(t.input_ids[t.base :], t.messages, new, t.tools, generation_prompt)
-        if not exact and generation_prompt and r.bfcl:
+        if not exact and anew:
             ids = r.prompt_ids(t.messages + new, t.tools)
             if len(ids) + room > self.cfg.max_total_tokens:
                 return False

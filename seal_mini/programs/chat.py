@@ -153,7 +153,7 @@ def cut_lines(trajectory, limits: RolloutConfig, prompt_tokens: int) -> list[str
     elif trajectory.truncated:
         lines.append(
             f"[cut] the episode reached rollout.max_total_tokens={r.max_total_tokens} (prompt, messages and tool "
-            f"results: {len(trajectory.input_ids)} tokens) and ended there. Raise it, e.g. "
+            f"results: {len(trajectory.input_ids) - trajectory.base} tokens) and ended there. Raise it, e.g. "
             f"rollout.max_total_tokens={2 * r.max_total_tokens}"
         )
     if trajectory.n_cut:
