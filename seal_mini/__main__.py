@@ -25,9 +25,9 @@ COMMANDS = {
     ),
     "eval": ("seal_mini.programs.eval", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
     "report": ("seal_mini.programs.pipeline:report_command", "markdown report with plots from run directories"),
-    "oracle": ("seal_mini.programs.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
+    "oracle": ("seal_mini.checks.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
     "diagnose-check": (
-        "seal_mini.programs.diagnose_check",
+        "seal_mini.checks.diagnose_check",
         "inject faults into ground-truth episodes and check the diagnoser",
     ),
     "dataset": (
@@ -40,15 +40,15 @@ COMMANDS = {
     ),
     "chat": ("seal_mini.programs.chat", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
     "bench": (
-        "seal_mini.programs.bench",
+        "seal_mini.checks.bench",
         "benchmarks that print numbers (rollout: batched vs one at a time; ranks: 1 process vs N)",
     ),
     "preflight": (
-        "seal_mini.programs.preflight",
+        "seal_mini.checks.preflight",
         "memory and speed of a recipe on this machine, random weights, no download",
     ),
     "gpu-check": (
-        "seal_mini.programs.gpu_check",
+        "seal_mini.checks.gpu_check",
         "the main recipe proven on one card in minutes: one JSON of every stage (--dry-run on the CPU)",
     ),
 }

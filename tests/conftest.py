@@ -75,8 +75,8 @@ def tiny_backbone(tmp_path_factory):
     """kind -> the folder of a tiny random model of that architecture (TINY_SHAPES), built offline once."""
     import torch
 
+    from seal_mini.checks.preflight import write_random_model
     from seal_mini.engine.tiny import tiny_tokenizer
-    from seal_mini.programs.preflight import write_random_model
 
     folders: dict[str, str] = {}
 

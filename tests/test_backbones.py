@@ -224,9 +224,9 @@ def test_qwen3_5_in_4_bit_with_lora_on_its_linear_layers(tiny_backbone):
 
 def test_layers_the_engine_cannot_hold_are_refused_in_one_line(tmp_path):
     """Sliding-window attention, or another kind of linear layer than Qwen3.5's, is a ConfigError naming it."""
+    from seal_mini.checks.preflight import write_random_model
     from seal_mini.config import ConfigError
     from seal_mini.engine.tiny import tiny_tokenizer
-    from seal_mini.programs.preflight import write_random_model
 
     tokenizer = tiny_tokenizer()
     shape = {**TINY_SHAPES["qwen3"], "vocab_size": len(tokenizer), "use_sliding_window": True, "sliding_window": 64}

@@ -180,7 +180,7 @@ def test_the_kv_budget_on_a_gpu_is_a_share_of_the_free_memory_within_the_cap(mon
 
 
 def test_gpu_check_reads_the_card_it_finds(monkeypatch, tmp_path):
-    from seal_mini.programs import gpu_check
+    from seal_mini.checks import gpu_check
 
     props = type("Props", (), {"name": "NVIDIA H100", "major": 9, "minor": 0, "total_memory": 80 * 2**30})()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -193,7 +193,7 @@ def test_gpu_check_reads_the_card_it_finds(monkeypatch, tmp_path):
 
 
 def test_gpu_check_squeezes_a_card_to_the_weights_plus_3_gb_and_gives_it_back(monkeypatch, tmp_path):
-    from seal_mini.programs import gpu_check
+    from seal_mini.checks import gpu_check
 
     fake = FakeCuda(monkeypatch)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 5 * 2**30)  # the weights

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from seal_mini.checks import diagnose_check
 from seal_mini.config import CATEGORIES, LABELS, ConfigError, DiagnosisConfig
 from seal_mini.core import faults
 from seal_mini.core.diagnose import (
@@ -24,7 +25,6 @@ from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, scripted_messages
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.envs.verifier import Verdict, check_episode
-from seal_mini.programs import diagnose_check
 
 pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 

@@ -1,4 +1,4 @@
-"""The kit's episode and verifier against BFCL's own inference loop and scorer (seal_mini.programs.differential).
+"""The kit's episode and verifier against BFCL's own inference loop and scorer (seal_mini.checks.differential).
 
 Every one of the 800 tasks, the ground truth and the perturbation kinds in CI_KINDS (one for each way the
 kit once departed from BFCL, and controls): the kit's verdict must equal BFCL's on every episode, and so
@@ -16,16 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from seal_mini.config import RolloutConfig
-from seal_mini.engine.render import ChatRenderer
-from seal_mini.engine.sequences import Sequences
-from seal_mini.engine.tiny import tiny_tokenizer
-from seal_mini.envs.bfcl import load_tasks, tasks_by_id
-from seal_mini.envs.episode import Episode
-from seal_mini.envs.harness import QWEN_FC, TOOLACE
-from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
-from seal_mini.envs.toolcalls import format_call
-from seal_mini.programs.differential import (
+from seal_mini.checks.differential import (
     CI_KINDS,
     KINDS,
     PERTURBATIONS,
@@ -36,6 +27,15 @@ from seal_mini.programs.differential import (
     print_report,
     run_differential,
 )
+from seal_mini.config import RolloutConfig
+from seal_mini.engine.render import ChatRenderer
+from seal_mini.engine.sequences import Sequences
+from seal_mini.engine.tiny import tiny_tokenizer
+from seal_mini.envs.bfcl import load_tasks, tasks_by_id
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import QWEN_FC, TOOLACE
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
+from seal_mini.envs.toolcalls import format_call
 
 
 def test_kit_and_bfcl_agree_on_every_episode_of_all_800_tasks(capsys):
@@ -95,10 +95,10 @@ def canonical(value, seen=frozenset()):
 
 def outcomes(order: list) -> dict[str, list]:
     """'task:kind' -> [reward, error type, labels, digest of the final public state], played in this order."""
+    from seal_mini.checks.differential import play_script
     from seal_mini.core.diagnose import diagnose
     from seal_mini.envs.episode import state_of
     from seal_mini.envs.verifier import check_episode
-    from seal_mini.programs.differential import play_script
 
     tasks = tasks_by_id()
     out = {}
@@ -285,7 +285,7 @@ def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):
 
 def test_without_the_optional_extra_the_command_says_what_to_install(capsys, monkeypatch):
     from seal_mini.__main__ import main as seal_main
-    from seal_mini.programs import differential
+    from seal_mini.checks import differential
 
     monkeypatch.setattr(differential, "_installed", lambda name: name != "overrides")
     differential.reference_modules.cache_clear()

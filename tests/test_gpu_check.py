@@ -4,7 +4,7 @@ before a card is at hand. Every stage must run and write the keys the card's run
 import json
 
 from seal_mini.__main__ import main
-from seal_mini.programs import gpu_check
+from seal_mini.checks import gpu_check
 
 
 def test_the_dry_run_runs_every_stage_and_writes_the_cards_keys(tmp_path, capsys):

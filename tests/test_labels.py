@@ -156,7 +156,7 @@ from seal_mini.core import diagnose, grpo, interface, judge
 from seal_mini.core.faults import as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.scripted import DONE_TEXT
-from seal_mini.programs import diagnose_check
+from seal_mini.checks import diagnose_check
 
 task = tasks_by_id()["multi_turn_base_0"]
 gt = [turn_messages(call_blocks(as_pairs(calls))) for calls in plan(task)]

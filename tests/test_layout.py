@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "seal_mini"
 
 # The layers, lowest first. A module may import its own layer and the layers below it, never one above.
 # "seal_mini" is the foundation: config, labels, runio, distributed (what every layer reads).
-LAYERS = ["seal_mini", "envs", "engine", "core", "evaluation", "training", "programs"]
+LAYERS = ["seal_mini", "envs", "engine", "core", "evaluation", "training", "programs", "checks"]
 
 
 def module_name(path: Path) -> str:
@@ -100,13 +100,13 @@ def test_the_checks_see_a_circle_and_an_upward_import(tmp_path):
     module = tmp_path / "lazy.py"
     module.write_text(
         "import json\n"
-        "def f():\n    from seal_mini.programs import oracle\n"
+        "def f():\n    from seal_mini.checks import oracle\n"
         "def g():\n    import seal_mini.evaluation.report\n"
         "def h():\n    from seal_mini.config import ConfigError\n"
     )
-    known = {"seal_mini.programs.oracle", "seal_mini.programs", "seal_mini.evaluation.report", "seal_mini.config"}
+    known = {"seal_mini.checks.oracle", "seal_mini.checks", "seal_mini.evaluation.report", "seal_mini.config"}
     assert imports_of(module, known) == known
-    assert LAYERS.index(layer("seal_mini.programs.oracle")) > LAYERS.index(layer("seal_mini.envs.bfcl"))
+    assert LAYERS.index(layer("seal_mini.checks.oracle")) > LAYERS.index(layer("seal_mini.envs.bfcl"))
     assert layer("seal_mini.config") == "seal_mini" and layer("seal_mini.core.grpo") == "core"
 
 

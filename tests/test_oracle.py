@@ -55,8 +55,8 @@ def test_the_release_splits_ship_and_compare_as_the_release_files_say(tmp_path):
     """The SEAL release's two splits (recipes/splits/, from its parquet files and bfcl_400_split.json): the
     one exp/SEAL.yaml uses is made by index like the kit's and shares 192 training ids with its seed 0;
     the other is not (173 indices on both sides, 344 held-in tasks with a training twin)."""
+    from seal_mini.checks.oracle import compare_splits
     from seal_mini.envs.bfcl import read_split_file
-    from seal_mini.programs.oracle import compare_splits
 
     release = json.loads(Path("recipes/splits/seal_release_400_split.json").read_text())
     (tmp_path / "release_layout.json").write_text(

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from seal_mini.checks.oracle import practice_tasks, run_oracle
 from seal_mini.config import CATEGORIES, ConfigError, load_config
 from seal_mini.core.diagnose import diagnose
 from seal_mini.core.faults import plan
@@ -13,7 +14,6 @@ from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import POLICIES, ground_truth_turns, play, replay
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import check_episode
-from seal_mini.programs.oracle import practice_tasks, run_oracle
 
 pytestmark = pytest.mark.unit  # the fast tier: `bash run.sh test -m unit`
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from seal_mini.checks import preflight
 from seal_mini.config import ConfigError, load_config
 from seal_mini.engine.rollout import kv_bytes_per_token
 from seal_mini.envs.splits import load_split
-from seal_mini.programs import preflight
 
 
 def run(capsys, *argv) -> tuple[int, list[str], dict]:

@@ -1,2 +1,2 @@
-"""Commands that are programs rather than library: the pipeline and sweeps, the checks that prove the kit
-(oracle, differential, diagnose-check), benchmarks, preflight, chat, dataset and export."""
+"""Commands that are programs rather than library: the pipeline and its stages, sweeps, probe, chat, dataset and
+export (the kit's checks of itself are seal_mini.checks)."""

@@ -120,7 +120,7 @@ class Check:
     @cached_property
     def model(self) -> Path:
         """The main recipe's architecture with random weights, written once (shrunk on a dry run)."""
-        from seal_mini.programs.preflight import architecture, write_random_model
+        from seal_mini.checks.preflight import architecture, write_random_model
 
         folder = self.work / "qwen2_5_3b_random"
         shape = architecture(load_config(MAIN), shrink=self.dry)
@@ -189,8 +189,8 @@ def _driver() -> str:
 
 def preflights(check: Check) -> dict:
     """`preflight` of the recipes at the card sizes they are meant for (uncapped on a dry run)."""
+    from seal_mini.checks.preflight import preflight
     from seal_mini.engine.device import uncap_memory
-    from seal_mini.programs.preflight import preflight
 
     out = check.partial
     for recipe, gigabytes in PREFLIGHTS:
@@ -332,9 +332,9 @@ def unsloth(check: Check) -> dict:
     refusal and its reason are recorded."""
     if importlib.util.find_spec("unsloth") is None:
         return {"result": "not installed: SEAL_MINI_UNSLOTH=1 bash run.sh (with network) installs it"}
+    from seal_mini.checks.preflight import SyntheticEpisode
     from seal_mini.engine.policy import load_policy
     from seal_mini.engine.rollout import run_rollouts
-    from seal_mini.programs.preflight import SyntheticEpisode
 
     cfg = load_config(MAIN, check.overrides(f"model.name={check.model}", "model.backend=unsloth"))
     try:
@@ -374,9 +374,9 @@ def squeezed(check: Check, policy):
 def out_of_memory(check: Check) -> dict:
     """A rollout wave asked to hold 32 episodes where memory fits a few (`squeezed`): the engine's recovery
     (fewer episodes at once) must finish every one."""
+    from seal_mini.checks.preflight import SyntheticEpisode
     from seal_mini.engine.policy import load_policy
     from seal_mini.engine.rollout import run_rollouts
-    from seal_mini.programs.preflight import SyntheticEpisode
 
     cfg = load_config(MAIN, check.overrides(f"model.name={check.model}", "rollout.max_concurrent=32"))
     policy = load_policy(cfg, banner=False)

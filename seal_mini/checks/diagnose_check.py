@@ -550,7 +550,7 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--recipe", help="a recipe's split instead (e.g. data.source: tasks, a world of your own)")
     args = parser.parse_args(argv)
-    from seal_mini.programs.oracle import practice_tasks, recipe_tasks
+    from seal_mini.checks.oracle import practice_tasks, recipe_tasks
 
     tasks = practice_tasks(args.seed) if args.practice else recipe_tasks(args.recipe) if args.recipe else None
     result = run_check(

@@ -8,7 +8,7 @@ That shows the environment and the verifier agree with the benchmark before any 
 `oracle --splits [FILE ...]` compares BFCL splits: the kit's seeded one, the SEAL release's two (shipped in
 recipes/splits/) and any split files given. `python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
 perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
-agree on every one (seal_mini.programs.differential).
+agree on every one (seal_mini.checks.differential).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def compare_splits(files: list[str], seed: int = 0) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--differential"]:
-        from seal_mini.programs import differential
+        from seal_mini.checks import differential
 
         return differential.main(argv[1:])
     if argv[:1] == ["--splits"]:
