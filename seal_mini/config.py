@@ -49,6 +49,26 @@ def nonnegative(text: str) -> int:
     return value
 
 
+def bounded(default, rule: str, hint: str = ""):
+    """A field's default and its plain range, declared together: "> 0", ">= 0" or "a share in [0, 1]"
+    (checked for every section by check_bounds; `hint` goes into the message)."""
+    return field(default=default, metadata={"bound": rule, "hint": hint})
+
+
+BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "a share in [0, 1]": lambda v: 0 <= v <= 1}
+
+
+def check_bounds(section, key: str) -> None:
+    """Every `bounded` field of a section (and of the sections inside it) within its range."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, f"{key}.{f.name}")
+        elif "bound" in f.metadata:
+            hint = f" ({f.metadata['hint']})" if f.metadata["hint"] else ""
+            _check(BOUNDS[f.metadata["bound"]](value), f"{key}.{f.name}", f"must be {f.metadata['bound']}{hint}")
+
+
 def _one_of(value, choices, key: str) -> None:
     """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
     names = [str(c) for c in choices]
@@ -62,24 +82,21 @@ class ScratchConfig:
 
     vocab: int = 2048
     """Tokenizer vocabulary, special tokens included."""
-    hidden: int = 128
+    hidden: int = bounded(128, "> 0")
     """Hidden size."""
-    layers: int = 4
+    layers: int = bounded(4, "> 0")
     """Decoder layers."""
-    heads: int = 4
+    heads: int = bounded(4, "> 0")
     """Attention heads (hidden must divide by it)."""
-    kv_heads: int = 2
+    kv_heads: int = bounded(2, "> 0")
     """Key/value heads (grouped-query attention; heads must divide by it)."""
-    mlp: int = 0
+    mlp: int = bounded(0, ">= 0", "0 = 4 x hidden")
     """MLP width; 0 = 4 x hidden."""
 
     def validate(self, key: str) -> None:
         _check(self.vocab >= 512, f"{key}.vocab", "must be >= 512 (the byte alphabet and special tokens need 262)")
-        for name in ("hidden", "layers", "heads", "kv_heads"):
-            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
         _check(self.hidden % self.heads == 0, f"{key}.heads", f"must divide hidden ({self.hidden})")
         _check(self.heads % self.kv_heads == 0, f"{key}.kv_heads", f"must divide heads ({self.heads})")
-        _check(self.mlp >= 0, f"{key}.mlp", "must be >= 0 (0 = 4 x hidden)")
 
 
 @dataclass
@@ -126,9 +143,9 @@ class ModelConfig:
 
 @dataclass
 class LoraConfig:
-    rank: int = 16
+    rank: int = bounded(16, "> 0", "e.g. 16")
     """LoRA rank r."""
-    alpha: int = 32
+    alpha: int = bounded(32, "> 0", "e.g. 2 * rank")
     """LoRA scaling numerator (scale = alpha / rank)."""
     dropout: float = 0.0
     """Dropout on the LoRA input; 0 keeps sampling-time and training-time log-probs identical."""
@@ -138,8 +155,6 @@ class LoraConfig:
     """Start from (or evaluate) an existing adapter folder instead of a fresh one."""
 
     def validate(self, key: str) -> None:
-        _check(self.rank > 0, f"{key}.rank", "must be > 0 (e.g. 16)")
-        _check(self.alpha > 0, f"{key}.alpha", "must be > 0 (e.g. 2 * rank)")
         _check(
             self.dropout == 0.0,
             f"{key}.dropout",
@@ -161,7 +176,7 @@ class DataConfig:
     split_seed: int = 0
     """Seed of the index split (independent of the run seed so every run shares one split); for the
     practice source, the seed of the generated task sets."""
-    heldin_per_category: int = 50
+    heldin_per_category: int = bounded(50, "> 0")
     """Practice source only: held-in tasks per category (BFCL's held-in set is the rest of the split)."""
     practice_backends: list[str] = field(default_factory=list)
     """Practice source only: the back ends (BFCL class names, e.g. [MathAPI, VehicleControlAPI]) tasks may
@@ -174,9 +189,9 @@ class DataConfig:
     tool_classes: list[str] = field(default_factory=list)
     """Tasks source only: the back-end classes as module:Class (e.g. [kitchen:Oven, kitchen:Pantry]); each
     module importable from the current folder, PYTHONPATH or the tasks file's folder. Public methods are tools."""
-    max_train_tasks: int = 0
+    max_train_tasks: int = bounded(0, ">= 0", "0 = all")
     """Use only the first N training tasks (0 = all); for smoke runs."""
-    max_eval_tasks: int = 0
+    max_eval_tasks: int = bounded(0, ">= 0", "0 = all")
     """Evaluate only the first N held-in tasks (0 = all); for smoke runs."""
 
     def validate(self, key: str) -> None:
@@ -194,65 +209,52 @@ class DataConfig:
             _check(bool(ok), f"{key}.tool_classes[{i}]", f"must be module:Class (e.g. kitchen:Oven), not {spec!r}")
         _check(len(self.categories) > 0, f"{key}.categories", "must name at least one category")
         _check(0 < self.train_per_category < 200, f"{key}.train_per_category", "must be in 1..199")
-        _check(self.heldin_per_category > 0, f"{key}.heldin_per_category", "must be > 0")
-        _check(self.max_train_tasks >= 0, f"{key}.max_train_tasks", "must be >= 0 (0 = all)")
-        _check(self.max_eval_tasks >= 0, f"{key}.max_eval_tasks", "must be >= 0 (0 = all)")
 
 
 @dataclass
 class EnvConfig:
-    max_calls_per_turn: int = 20
+    max_calls_per_turn: int = bounded(20, "> 0", "BFCL uses 20")
     """Tool-calling messages allowed per user turn in training rollouts; BFCL's official limit is 20.
     Evaluation always plays BFCL's own limits, whatever this says."""
-    max_calls_per_episode: int = 0
+    max_calls_per_episode: int = bounded(0, ">= 0", "0 = no limit")
     """Tool-calling messages allowed per training episode (0 = no limit). The authors' release capped 20
     per trajectory. Not applied in evaluation."""
-
-    def validate(self, key: str) -> None:
-        _check(self.max_calls_per_turn > 0, f"{key}.max_calls_per_turn", "must be > 0 (BFCL uses 20)")
-        _check(self.max_calls_per_episode >= 0, f"{key}.max_calls_per_episode", "must be >= 0 (0 = no limit)")
 
 
 @dataclass
 class RolloutConfig:
     group_size: int = 8
     """G: on-policy samples per task; advantages are relative within the group."""
-    temperature: float = 1.0
+    temperature: float = bounded(1.0, ">= 0")
     """Sampling temperature for training rollouts (evaluation uses eval.temperature)."""
     top_p: float = 1.0
     """Nucleus sampling; 1.0 samples from the full distribution, as the policy gradient assumes."""
-    max_new_tokens: int = 512
+    max_new_tokens: int = bounded(512, "> 0")
     """Tokens one model call (one assistant message) may generate."""
-    max_prompt_tokens: int = 8192
+    max_prompt_tokens: int = bounded(8192, "> 0")
     """Longest first prompt (system + tools + first user turn); longer tasks are truncated at once."""
-    max_response_tokens: int = 4096
+    max_response_tokens: int = bounded(4096, "> 0")
     """Sampled tokens allowed per episode, over all its model calls."""
-    max_total_tokens: int = 16384
+    max_total_tokens: int = bounded(16384, "> 0")
     """Longest episode sequence (prompt, sampled and observation tokens)."""
-    max_concurrent: int = 0
+    max_concurrent: int = bounded(0, ">= 0", "0 = from kv_budget_gb")
     """Episodes generated at once (0 = from kv_budget_gb): each holds a KV-cache slot of max_total_tokens;
     when one ends, the next waiting one takes its slot."""
-    kv_budget_gb: float = 0.0
+    kv_budget_gb: float = bounded(0.0, ">= 0", "0 = automatic")
     """KV-cache memory of the slots (0 = 70% of the GPU memory free after loading; 2 GB on CPU). The cache
     is allocated once per rollout call and never grows beyond it."""
-    prefill_tokens: int = 16384
+    prefill_tokens: int = bounded(16384, "> 0", "e.g. 16384")
     """Rows x padded length of one prefill forward (prompts and tool results; a longer one runs in pieces):
     bounds its activations."""
 
     def validate(self, key: str) -> None:
         _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")
-        _check(self.temperature >= 0.0, f"{key}.temperature", "must be >= 0")
         _check(0.0 < self.top_p <= 1.0, f"{key}.top_p", "must be in (0, 1]")
-        for name in ("max_new_tokens", "max_prompt_tokens", "max_response_tokens", "max_total_tokens"):
-            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
         _check(
             self.max_prompt_tokens < self.max_total_tokens,
             f"{key}.max_prompt_tokens",
             "must be below max_total_tokens",
         )
-        _check(self.max_concurrent >= 0, f"{key}.max_concurrent", "must be >= 0 (0 = from kv_budget_gb)")
-        _check(self.kv_budget_gb >= 0.0, f"{key}.kv_budget_gb", "must be >= 0 (0 = automatic)")
-        _check(self.prefill_tokens > 0, f"{key}.prefill_tokens", "must be > 0 (e.g. 16384)")
 
 
 @dataclass
@@ -265,9 +267,9 @@ class DiagnosisConfig:
     """Upper clip of the diagnostic weight."""
     rho_update: str = "fixed"
     """fixed (paper) | ema (authors' release: rho moves each round towards the failure profile)."""
-    rho_ema_decay: float = 0.75
+    rho_ema_decay: float = bounded(0.75, "a share in [0, 1]")
     """ema only: weight kept on last round's rho (the release: 0.75 old, 0.25 target)."""
-    rho_ema_count_scale: float = 32.0
+    rho_ema_count_scale: float = bounded(32.0, "> 0")
     """ema only: a label seen this many times in a round moves rho fully; fewer move it less."""
     rho_min: float = 0.5
     """ema only: lower clip of the moving rho."""
@@ -296,8 +298,6 @@ class DiagnosisConfig:
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
         _one_of(self.rho_update, ("fixed", "ema"), f"{key}.rho_update")
         _one_of(self.weight_level, tuple(WEIGHT_LEVELS), f"{key}.weight_level")
-        _check(0.0 <= self.rho_ema_decay <= 1.0, f"{key}.rho_ema_decay", "must be in [0, 1]")
-        _check(self.rho_ema_count_scale > 0, f"{key}.rho_ema_count_scale", "must be > 0")
         _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")
 
 
@@ -316,22 +316,22 @@ class InterfaceConfig:
     """phi_cap: capability-level guidelines picked from the failure profile."""
     closed_loop: bool = True
     """True: cues switch on from each round's diagnoses. False: all enabled cues on from step 0."""
-    min_count: int = 8
+    min_count: int = bounded(8, ">= 0")
     """A guideline's label must occur at least this often in the round..."""
-    min_prevalence: float = 0.10
+    min_prevalence: float = bounded(0.10, "a share in [0, 1]")
     """...in at least this share of failed-or-passed turns..."""
-    max_success: float = 0.6
+    max_success: float = bounded(0.6, "a share in [0, 1]")
     """...in trajectories that succeed less often than this."""
-    top_k: int = 3
+    top_k: int = bounded(3, ">= 0")
     """At most this many guidelines, ranked by prevalence * (1 - success rate)."""
     trigger_min_count: int = 2
     """phi_schema / phi_err switch on once one of their trigger labels occurs this often in a round..."""
-    trigger_min_prevalence: float = 0.02
+    trigger_min_prevalence: float = bounded(0.02, "a share in [0, 1]")
     """...and makes up at least this share of the profile (one stray turn is noise, not a pattern)."""
     sticky_cues: bool = True
     """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
     otherwise flip off the next round and back on the one after."""
-    bare_share: float = 0.0
+    bare_share: float = bounded(0.0, "a share in [0, 1]")
     """Share of each round's tasks (rounded to whole tasks) whose groups play the bare benchmark (no cue, no
     retry) while the others play through Omega_t: the update then also learns on the prompts evaluation
     shows. 0: every group through the interface, as the paper trains. A kit switch, to test whether cues
@@ -340,13 +340,7 @@ class InterfaceConfig:
     a round's bare groups with the rest."""
 
     def validate(self, key: str) -> None:
-        _check(self.min_count >= 0, f"{key}.min_count", "must be >= 0")
-        _check(0.0 <= self.bare_share <= 1.0, f"{key}.bare_share", "must be a share in [0, 1]")
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
-        _check(0.0 <= self.trigger_min_prevalence <= 1.0, f"{key}.trigger_min_prevalence", "must be in [0, 1]")
-        _check(0.0 <= self.min_prevalence <= 1.0, f"{key}.min_prevalence", "must be in [0, 1]")
-        _check(0.0 <= self.max_success <= 1.0, f"{key}.max_success", "must be in [0, 1]")
-        _check(self.top_k >= 0, f"{key}.top_k", "must be >= 0")
 
 
 OLD_LOGPROBS_NAMES = ("sampled", "recompute")
@@ -354,29 +348,29 @@ OLD_LOGPROBS_NAMES = ("sampled", "recompute")
 
 @dataclass
 class TrainConfig:
-    steps: int = 78
+    steps: int = bounded(78, "> 0")
     """Policy updates (rounds): 6 whole epochs of 400 tasks, each dealt into 13 steps of 30-31 tasks (the
     paper's 72 = 6 x 12 steps of 32 leave 16 tasks out of every epoch; README, "Choices")."""
-    tasks_per_step: int = 32
+    tasks_per_step: int = bounded(32, "> 0")
     """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) rounds of
     near-equal size."""
-    mini_batch_tasks: int = 8
+    mini_batch_tasks: int = bounded(8, "> 0")
     """Tasks per optimizer step (PPO mini-batch); a round's last mini-batch holds what is left."""
-    micro_batch: int = 1
+    micro_batch: int = bounded(1, "> 0")
     """Sequences per forward/backward; gradients accumulate over a mini-batch."""
-    lr: float = 1e-5
+    lr: float = bounded(1e-5, "> 0")
     """AdamW learning rate on the LoRA parameters (the paper's 1e-6 is for full fine-tuning)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
     """Linear warm-up of the learning rate over this many optimizer steps."""
-    clip_ratio: float = 0.2
+    clip_ratio: float = bounded(0.2, "> 0", "e.g. 0.2")
     """PPO clip epsilon on the importance ratio."""
-    kl_coef: float = 0.001
+    kl_coef: float = bounded(0.001, ">= 0")
     """Coefficient of the k3 KL loss to the reference policy (adapter disabled); 0 skips that forward."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, "> 0")
     """Gradient norm clip."""
-    adv_eps: float = 1e-6
+    adv_eps: float = bounded(1e-6, ">= 0", "e.g. 1e-6")
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
     adv_estimator: str = "grpo"
     """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
@@ -386,7 +380,7 @@ class TrainConfig:
     """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
     mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
     | seq_mean_token_sum (each sequence's token sum / token_sum_norm, averaged over sequences; Dr. GRPO)."""
-    token_sum_norm: float = 0.0
+    token_sum_norm: float = bounded(0.0, ">= 0", "0 = rollout.max_response_tokens")
     """seq_mean_token_sum only: the constant every sequence's token sum is divided by; 0 = the generation
     budget rollout.max_response_tokens (Dr. GRPO's choice), 1 = a plain sum. A constant, not the sequence's
     length, so a long sequence's tokens weigh as much as a short one's."""
@@ -395,7 +389,7 @@ class TrainConfig:
     recompute (one no-grad forward of the current policy over the round, in the training forward's mode,
     before the first mini-batch: the first mini-batch's ratio is then exactly 1; the safe choice on a GPU,
     whose sampling kernels differ from the training forward's)."""
-    logprob_chunk: int = 256
+    logprob_chunk: int = bounded(256, "> 0")
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
     update: bool = True
     """Apply the policy update. False: a control run (rollouts, diagnosis, interface as usual; the adapter
@@ -404,36 +398,23 @@ class TrainConfig:
     """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
     diagnose: bool = True
     """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
-    eval_every: int = 13
+    eval_every: int = bounded(13, ">= 0")
     """Held-in evaluation during training every N steps, before the last (0 = none). The pipeline evaluates
     the backbone and the final adapter after training in any case."""
-    save_every: int = 1
+    save_every: int = bounded(1, "> 0")
     """Checkpoint every N steps."""
     print_samples: int = 2
     """Trajectories printed per step so a human sees what the model does."""
 
     def validate(self, key: str) -> None:
-        _check(self.steps > 0, f"{key}.steps", "must be > 0")
-        _check(self.tasks_per_step > 0, f"{key}.tasks_per_step", "must be > 0")
-        _check(self.mini_batch_tasks > 0, f"{key}.mini_batch_tasks", "must be > 0")
         _check(
             self.tasks_per_step % self.mini_batch_tasks == 0,
             f"{key}.mini_batch_tasks",
             f"must divide tasks_per_step ({self.tasks_per_step})",
         )
-        _check(self.micro_batch > 0, f"{key}.micro_batch", "must be > 0")
-        _check(self.lr > 0, f"{key}.lr", "must be > 0")
-        _check(self.clip_ratio > 0, f"{key}.clip_ratio", "must be > 0 (e.g. 0.2)")
-        _check(self.kl_coef >= 0, f"{key}.kl_coef", "must be >= 0")
-        _check(self.max_grad_norm > 0, f"{key}.max_grad_norm", "must be > 0")
-        _check(self.adv_eps >= 0, f"{key}.adv_eps", "must be >= 0 (e.g. 1e-6)")
         _one_of(self.adv_estimator, tuple(ADVANTAGE_ESTIMATORS), f"{key}.adv_estimator")
         _one_of(self.loss_agg, tuple(LOSS_AGGREGATIONS), f"{key}.loss_agg")
-        _check(self.token_sum_norm >= 0, f"{key}.token_sum_norm", "must be >= 0 (0 = rollout.max_response_tokens)")
         _one_of(self.old_logprobs, OLD_LOGPROBS_NAMES, f"{key}.old_logprobs")
-        _check(self.logprob_chunk > 0, f"{key}.logprob_chunk", "must be > 0")
-        _check(self.eval_every >= 0, f"{key}.eval_every", "must be >= 0")
-        _check(self.save_every > 0, f"{key}.save_every", "must be > 0")
 
 
 @dataclass
@@ -448,14 +429,14 @@ class SftConfig:
     """Fault kind -> share of the demonstration turns where that fault can be made that show it (kinds of
     diagnose-check; the first kind in this order that can be made and is drawn wins a turn). So the warm
     start fails in labelled ways, as often as these shares say. Empty: clean demonstrations."""
-    tasks_per_category: int = 0
+    tasks_per_category: int = bounded(0, ">= 0", "0 = the training split")
     """Practice source only: demonstrate this many generated training-side tasks per category (RL's
     training tasks are the first data.train_per_category of them; the held-in set excludes all). A model
     built from scratch generalizes from many different tasks, not from many passes over a few. 0 = the
     training split."""
-    demos_per_task: int = 1
+    demos_per_task: int = bounded(1, "> 0")
     """Demonstrations per training task, each with its own fault draws."""
-    cue_share: float = 0.0
+    cue_share: float = bounded(0.0, "a share in [0, 1]")
     """Share of the demonstrations played through the training interface in a random state (each cue on or
     off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
     the interface can add before RL shows it one; without them, a model built from scratch breaks down the
@@ -474,51 +455,42 @@ class SftConfig:
     to act, it guesses values it should ask for) 1 + c/2 times, and with error feedback shown an error is
     repaired with probability c. 0: cues predict nothing (the negative control). An instruction-tuned model
     follows instructions partly; a model built from scratch only as far as its demonstrations show it."""
-    cue_side_effect: float = 0.5
+    cue_side_effect: float = bounded(0.5, ">= 0", "0 = no side effects")
     """How strongly a shown guideline raises the faults it raises (labels.Guideline.raises): 1 + this * c
     times as likely. 0: guidelines lower their own label's faults and nothing else (no side effects)."""
     seed: int = -1
     """Seed of the warm start (its weights, demonstrations and their order); -1: the run's seed. A sweep sets
     it so that every seed's runs start from one warm start and differ only in what RL does."""
-    epochs: float = 3.0
+    epochs: float = bounded(3.0, "> 0")
     """Passes over the demonstrations."""
-    batch: int = 16
+    batch: int = bounded(16, "> 0")
     """Demonstrations per optimizer step."""
-    lr: float = 3e-3
+    lr: float = bounded(3e-3, "> 0")
     """Peak AdamW learning rate (linear warm-up, then cosine decay to a tenth)."""
-    warmup_steps: int = 10
+    warmup_steps: int = bounded(10, ">= 0")
     """Optimizer steps of linear warm-up."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     full: bool = True
     """Train every weight (needed for a model built from scratch). False: train a LoRA adapter (lora.*) and
     merge it into the weights saved as the warm start."""
-    max_tokens: int = 0
+    max_tokens: int = bounded(0, ">= 0", "0 = rollout.max_total_tokens")
     """Demonstrations longer than this are left out; 0 = rollout.max_total_tokens (an episode's limit)."""
 
     def validate(self, key: str) -> None:
         for kind, share in self.faults.items():
             _check(kind in FAULT_KINDS, f"{key}.faults", f"unknown fault kind {kind!r}; kinds are {list(FAULT_KINDS)}")
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
-        _check(self.tasks_per_category >= 0, f"{key}.tasks_per_category", "must be >= 0 (0 = the training split)")
-        _check(self.demos_per_task > 0, f"{key}.demos_per_task", "must be > 0")
         _one_of(self.fault_draw, ("turn", "episode", "task"), f"{key}.fault_draw")
-        _check(0.0 <= self.cue_share <= 1.0, f"{key}.cue_share", "must be a share in [0, 1]")
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
         )
-        _check(self.cue_side_effect >= 0, f"{key}.cue_side_effect", "must be >= 0 (0 = no side effects)")
         _check(self.seed >= -1, f"{key}.seed", "must be >= 0, or -1 for the run's seed")
-        _check(self.epochs > 0, f"{key}.epochs", "must be > 0")
-        _check(self.batch > 0, f"{key}.batch", "must be > 0")
-        _check(self.lr > 0, f"{key}.lr", "must be > 0")
-        _check(self.warmup_steps >= 0, f"{key}.warmup_steps", "must be >= 0")
-        _check(self.max_tokens >= 0, f"{key}.max_tokens", "must be >= 0 (0 = rollout.max_total_tokens)")
 
 
 @dataclass
 class EvalConfig:
-    temperature: float = 0.0
+    temperature: float = bounded(0.0, ">= 0")
     """0 = greedy, as the benchmark protocol."""
     split: str = "eval"
     """Which ids to evaluate: eval (held-in 400) | train | all."""
@@ -532,7 +504,6 @@ class EvalConfig:
     whose small models would sample up to any limit they are given)."""
 
     def validate(self, key: str) -> None:
-        _check(self.temperature >= 0, f"{key}.temperature", "must be >= 0")
         _one_of(self.split, ("eval", "train", "all"), f"{key}.split")
         _one_of(self.limits, ("paper", "rollout"), f"{key}.limits")
 
@@ -569,7 +540,7 @@ class OodConfig:
     all-MiniLM-L6-v2). Empty: the vector back end is skipped with a one-line reason."""
     tau2_domains: list[str] = field(default_factory=lambda: list(TAU2_DOMAINS))
     """tau2-bench domains: retail, airline, telecom."""
-    max_tasks: int = 0
+    max_tasks: int = bounded(0, ">= 0", "0 = all")
     """Tasks per memory back end / web-search set / tau2 domain; 0 = all of them."""
     user_model: str = ""
     """tau2 user simulator run in-process: a model name or local folder, loaded without adapter.
@@ -577,11 +548,11 @@ class OodConfig:
     user_api_base: str = ""
     """Instead of in-process: an OpenAI-compatible endpoint on loopback (http://127.0.0.1:PORT/v1)
     serving user_model. Any other host is refused."""
-    user_temperature: float = 0.0
+    user_temperature: float = bounded(0.0, ">= 0")
     """Sampling temperature of the user simulator (0 = greedy, reproducible)."""
-    max_prompt_tokens: int = 24576
-    max_response_tokens: int = 16384
-    max_total_tokens: int = 32768
+    max_prompt_tokens: int = bounded(24576, "> 0")
+    max_response_tokens: int = bounded(16384, "> 0")
+    max_total_tokens: int = bounded(32768, "> 0")
     """Token limits of a suite episode, in place of rollout.*'s training limits. The packages cap
     nothing but the model's context (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens
     with the tiny tokenizer, and a BFCL memory conversation runs 10+ user turns. An episode that hits
@@ -610,10 +581,6 @@ class OodConfig:
                 f"{key}.tau2_domains",
                 f"unknown domain {domain!r}; choose from {list(TAU2_DOMAINS)}",
             )
-        _check(self.max_tasks >= 0, f"{key}.max_tasks", "must be >= 0 (0 = all)")
-        _check(self.user_temperature >= 0, f"{key}.user_temperature", "must be >= 0")
-        for name in ("max_prompt_tokens", "max_response_tokens", "max_total_tokens"):
-            _check(getattr(self, name) > 0, f"{key}.{name}", "must be > 0")
         _check(
             self.max_prompt_tokens < self.max_total_tokens, f"{key}.max_prompt_tokens", "must be below max_total_tokens"
         )
@@ -680,6 +647,10 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self) -> None:
+        sections = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
+        sections = [(name, value) for name, value in sections if dataclasses.is_dataclass(value)]
+        for name, section in sections:  # ranges first: the checks below may read the values
+            check_bounds(section, name)
         _check(
             bool(self.out_dir), "out_dir", "must not be empty (run directories go in <out_dir>/<name>; default runs)"
         )
@@ -716,10 +687,9 @@ class Config:
         )
         _one_of(self.device, ("auto", "cpu", "cuda"), "device")
         _check(self.cpu_threads >= 0, "cpu_threads", "must be >= 0 (0 = torch's default)")
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if dataclasses.is_dataclass(value):
-                value.validate(f.name)
+        for name, section in sections:
+            if hasattr(section, "validate"):  # the checks that are more than a range
+                section.validate(name)
 
     @property
     def run_dir(self) -> Path:

@@ -123,7 +123,9 @@ def test_cut_lines_name_the_limit_that_ended_an_episode():
     r = RolloutConfig(max_new_tokens=64, max_prompt_tokens=1024, max_response_tokens=512, max_total_tokens=2048)
 
     def traj(ids: int, truncated: bool, sampled: int = 0, cut: int = 0):
-        return SimpleNamespace(input_ids=[0] * ids, truncated=truncated, n_sampled=sampled, n_cut=cut, n_messages=3)
+        return SimpleNamespace(
+            input_ids=[0] * ids, base=0, truncated=truncated, n_sampled=sampled, n_cut=cut, n_messages=3
+        )
 
     assert cut_lines(traj(900, False, 100), r, 700) == []
     (prompt,) = cut_lines(traj(0, True), r, 4356)

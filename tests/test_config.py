@@ -12,6 +12,29 @@ def test_defaults_validate_and_rho_covers_every_label():
     assert cfg.diagnosis.rho["spurious_tool_call"] == 2.0 and cfg.diagnosis.rho["response_mismatch"] == 0.9
 
 
+def bounded_fields():
+    import dataclasses
+
+    def walk(section, key):
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from walk(value, f"{key}.{f.name}" if key else f.name)
+            elif "bound" in f.metadata:
+                yield f"{key}.{f.name}", f.metadata["bound"]
+
+    return list(walk(Config(), ""))
+
+
+def test_every_declared_range_refuses_a_value_outside_it_in_one_line_naming_the_key():
+    fields = bounded_fields()
+    assert len(fields) > 45  # the ranges declared with their fields (config.bounded)
+    for key, rule in fields:
+        bad = {"> 0": 0, ">= 0": -1, "a share in [0, 1]": 1.5}[rule]
+        with pytest.raises(ConfigError, match=f"^{key.replace('.', '[.]')}: must be {rule.replace('[', '[[]')}"):
+            load_config(overrides=[f"{key}={bad}"])
+
+
 def test_override_parses_yaml_values():
     assert parse_override("train.steps=4") == {"train": {"steps": 4}}
     cfg = load_config(overrides=["train.steps=4", "interface.enabled=false", "data.categories=[base]"])
