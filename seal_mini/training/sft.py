@@ -173,8 +173,10 @@ def demonstrate(
     task: Task, turns: list[list[str]], renderer, max_calls_per_turn: int = 20, cues: InterfaceState | None = None
 ) -> tuple:
     """Play scripted assistant messages through a fresh episode (seen through the training interface in
-    state `cues`, if given), laying down tokens as the rollout engine does. Returns (episode, input_ids,
-    loss_mask, conversation)."""
+    state `cues`, if given), laying down tokens as the rollout engine does, in one sequence: under BFCL's
+    prompts a message BFCL's history writes otherwise (a fault written one-line or fenced) does not begin a
+    new segment here (sequences.py), and its demonstration goes on from the template's framing. Returns
+    (episode, input_ids, loss_mask, conversation)."""
     episode = Episode(task, max_calls_per_turn)
     env = Interface(episode, cues) if cues is not None and cues.active else episode
     messages, tools = env.reset()
