@@ -38,6 +38,7 @@ from its own random stream (`episode_seed`), so both sample the same tokens.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,11 +179,7 @@ def mark_turn(t: Trajectory, env: EnvLike, start: int) -> None:
 def new_segment(t: Trajectory, prompt: list[int]) -> int:
     """Begin a new segment (the caller lays its prompt down); returns how many first tokens it shares with
     the last one."""
-    shared = 0
-    for a, b in zip(t.input_ids[t.base :], prompt, strict=False):
-        if a != b:
-            break
-        shared += 1
+    shared = len(os.path.commonprefix([t.input_ids[t.base :], prompt]))
     t.segments.append(len(t.input_ids))
     return shared
 

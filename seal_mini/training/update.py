@@ -93,7 +93,8 @@ def update(
     round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
     spans = [(i, a, b) for i, t in enumerate(trajectories) for a, b in t.spans()]
     rows = [segment(trajectories[i], a, b) for i, a, b in spans]
-    owned = [sum(trajectories[i].loss_mask) for i, _, _ in spans]  # loss tokens of each row's trajectory
+    loss_tokens = [sum(t.loss_mask) for t in trajectories]
+    owned = [loss_tokens[i] for i, _, _ in spans]  # loss tokens of each row's trajectory
     # rows that sampled nothing (a prompt over the limit) carry no loss and are left out
     minis = [
         [r for r, (i, _, _) in enumerate(spans) if start <= positions[i] < start + per_mini and any(rows[r].loss_mask)]
