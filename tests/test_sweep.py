@@ -23,6 +23,7 @@ def test_ablations_flip_the_same_switches_on_top_of_the_given_recipe():
         "no_closed_loop": {("interface", "closed_loop"): False},
         "shuffled_weights": {("diagnosis", "shuffle_weights"): True},
         "turn_weights": {("diagnosis", "weight_level"): "turn"},
+        "missing_call_rho_1": {("diagnosis", "rho"): {**base["diagnosis"]["rho"], "missing_tool_call": 1.0}},
     }
     for name in sweep.ABLATIONS + sweep.CONTROLS:
         flipped = load_config("recipes/cpu_learn.yaml", sweep.ablation_overrides(name)).to_dict()

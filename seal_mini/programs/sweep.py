@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[2]
 """The repository root: recipes/ablations/ lies there."""
 ABLATIONS = ("vanilla_rl", "no_env_adaptation", "no_reweighting", "no_closed_loop")
 """The paper's ablations, recipes/ablations/<name>.yaml, in the order of the table: a bare --ablations runs these."""
-CONTROLS = ("shuffled_weights", "turn_weights")
+CONTROLS = ("shuffled_weights", "turn_weights", "missing_call_rho_1")
 """The kit's variants of the diagnostic weight (recipes/ablations/<name>.yaml too), run when named: the
-weights traded among a group's failures (their size kept, their information gone), and turn-level weights."""
+weights traded among a group's failures (their size kept, their information gone), turn-level weights, and
+teaching assignment 1's first rho change."""
 PAPER = {
     "warm start": ("backbone (Qwen2.5-7B-Instruct)", 14.00),
     "seal": ("SEAL", 40.25),
