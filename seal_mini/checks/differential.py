@@ -301,22 +301,22 @@ def _edit_call(edit: Callable[[Call, Task, random.Random], Call | None]):
     return build
 
 
-def _wrong_value(call, task, rng):
+def _one_argument(call: Call, keys: list[str], rng: random.Random, new_value: Callable) -> Call | None:
+    """The call with one argument among `keys` (picked at random) set to new_value(its value); None without keys."""
     name, args = call
-    keys = [k for k, v in args.items() if other_value(v, {}) is not None]
     if not keys:
         return None
     key = rng.choice(keys)
-    return name, {**args, key: other_value(args[key], {})}
+    return name, {**args, key: new_value(args[key])}
+
+
+def _wrong_value(call, task, rng):
+    keys = [k for k, v in call[1].items() if other_value(v, {}) is not None]
+    return _one_argument(call, keys, rng, lambda v: other_value(v, {}))
 
 
 def _wrong_type(call, task, rng):
-    name, args = call
-    if not args:
-        return None
-    key = rng.choice(sorted(args))
-    value = args[key]
-    return name, {**args, key: 404 if isinstance(value, str) else str(value)}
+    return _one_argument(call, sorted(call[1]), rng, lambda v: 404 if isinstance(v, str) else str(v))
 
 
 def _unknown_argument(call, task, rng):
@@ -513,12 +513,8 @@ def _step_limit(last: bool):
 
 def _mention_method(call, task, rng):
     """A string argument that mentions a method: BFCL writes the instance's global name into it."""
-    name, args = call
-    keys = sorted(k for k, v in args.items() if isinstance(v, str))
-    if not keys:
-        return None
-    key = rng.choice(keys)
-    return name, {**args, key: f"{args[key]} see {name}(x)"}
+    keys = sorted(k for k, v in call[1].items() if isinstance(v, str))
+    return _one_argument(call, keys, rng, lambda v: f"{v} see {call[0]}(x)")
 
 
 def _large_integer(call, task, rng):
@@ -527,9 +523,7 @@ def _large_integer(call, task, rng):
     name, args = call
     guard = GUARDS.get(name, lambda a: "")
     keys = sorted(k for k, v in args.items() if _is_number(v) and not guard({**args, k: 2**60}))
-    if not keys:
-        return None
-    return name, {**args, rng.choice(keys): 2**60}
+    return _one_argument(call, keys, rng, lambda v: 2**60)
 
 
 def _code_in_name(call, task, rng):
