@@ -1,30 +1,27 @@
 """`python -m seal_mini diagnose-check`: prove the diagnoser on injected faults over all 800 tasks.
 
-For every task it replays the ground truth through the environment (the clean episode: every turn must
-come out pass or correct_abstention), then injects each fault kind at every turn where it can be made,
-one fault per episode, the ground truth everywhere else; the label at the faulted turn is compared with
-the fault's expected label. Calls are scripted one per message, as an agent that reads each result
-before its next call (--parallel: all calls of a turn in one message, as the oracle does). It also cuts
-every turn short (token truncation; one call message over the per-turn limit) and checks that the cut
-turn never counts as pass and the turns after it are not_reached.
+For every task it replays the ground truth through the environment (the clean episode: every turn must come out
+pass or correct_abstention), then injects each fault kind at every turn where it can be made, one fault per
+episode, the ground truth everywhere else, and compares the label at the faulted turn with the fault's expected
+label. Calls are scripted one per message, as an agent that reads each result before its next call (--parallel:
+all calls of a turn in one message, as the oracle does). It also cuts every turn short (token truncation; one call
+message over the per-turn limit) and checks that the cut turn never counts as pass and the turns after it are
+not_reached.
 
-Some faults leave no trace at their own turn, or another one than intended (a changed value the back
-end does not store; a dropped booking that a later cancellation in the same turn would have undone; a
-broken call whose output an earlier turn already fetched, which BFCL passes). The official BFCL checker
-decides, run on the episode's turns up to the faulted one. For the four kinds whose label rests on the
-fault's effect, the fault is attributable when the checker fails that turn with the error type of the
-expected label (instance_state_mismatch for instance_mismatch and state_mismatch,
-execution_response_mismatch for response_mismatch); for the kinds whose label is an error (invalid_tool_call, argument_mismatch,
-recovery_failure), when the checker fails that turn at all, since an error on a turn that ends where the
-reference does was repaired; for the repaired kinds (expected pass), when it passes it. Spurious calls,
-answers without a call and wrongly typed values (which label a turn wherever it ends) are attributable
-by construction. Accuracy is reported over all faulty
-episodes and over the attributable ones. The faulty episodes of every 8th task also get the full
-official verdict: a failed episode in which the rules find no failing turn would show there.
+Some faults leave no trace at their own turn, or another one than intended (a changed value the back end does not
+store; a dropped booking that a later cancellation in the same turn would have undone; a broken call whose output
+an earlier turn already fetched, which BFCL passes). The official BFCL checker, run on the episode's turns up to
+the faulted one, decides which faults are attributable: for EFFECT_KINDS, when it fails that turn with the error
+type of the expected label (CHECKER_ERROR); for the kinds whose label is an error (invalid_tool_call,
+argument_mismatch, recovery_failure), when it fails that turn at all, since an error on a turn that ends where the
+reference does was repaired; for the repaired kinds (expected pass), when it passes it. BY_CONSTRUCTION kinds are
+attributable by construction. Accuracy is reported over all faulty episodes and over the attributable ones. The
+faulty episodes of every 8th task also get the full official verdict: a failed episode in which the rules find no
+failing turn would show there.
 
-A bar on stderr counts the tasks done. Time is CPU time of this process, split into executing episodes, diagnosing them (the rules) and
-building each task's ground-truth reference (once per task, shared by all its episodes).
-The last line of output is one JSON object with every number printed above it.
+A bar on stderr counts the tasks done. Time is CPU time of this process, split into executing episodes, diagnosing
+them (the rules) and building each task's ground-truth reference (once per task, shared by all its episodes). The
+last line of output is one JSON object with every number printed above it.
 """
 
 from __future__ import annotations
@@ -39,7 +36,8 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from seal_mini.config import CATEGORIES, nonnegative
+from seal_mini.checks.oracle import practice_tasks, recipe_tasks
+from seal_mini.config import CATEGORIES, DiagnosisConfig, nonnegative
 from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import Task, load_tasks
@@ -48,21 +46,12 @@ from seal_mini.envs.scripted import DONE_TEXT
 from seal_mini.envs.verifier import check
 from seal_mini.labels import FAILURE_LABELS, LABELS, RegistryError, require_labels
 
-EFFECT_KINDS = (
-    "wrong_argument_value",
-    "dropped_state_call",
-    "skipped_precondition",
-    "dropped_read_call",
-    "other_instance_call",
+EFFECT_KINDS = tuple(
+    "wrong_argument_value dropped_state_call skipped_precondition dropped_read_call other_instance_call".split()
 )
 """Kinds whose expected label rests on the fault's effect; the official checker decides if it shows."""
-BY_CONSTRUCTION = (
-    "spurious_call",
-    "guessed_value_call",
-    "no_call_answer",
-    "hesitant_start",
-    "wrong_argument_type",
-    "out_of_enum_value",
+BY_CONSTRUCTION = tuple(
+    "spurious_call guessed_value_call no_call_answer hesitant_start wrong_argument_type out_of_enum_value".split()
 )
 """Kinds whose label the turn earns by what it holds alone, wherever it ends: a call where none is needed,
 no call where one is, a call outside the schema that ran anyway."""
@@ -115,15 +104,14 @@ def drive(task: Task, messages: list[list[str]], max_calls_per_turn: int = 20, c
     for k, texts in enumerate(messages):
         if episode.done:
             break
-        ended = False
         for text in texts:
             if episode.step(text).turn_done:
-                ended = True
                 break
-        if k == cut_turn and not ended:
-            episode.truncate()
-        elif not ended:
-            episode.step(DONE_TEXT)
+        else:
+            if k == cut_turn:
+                episode.truncate()
+            else:
+                episode.step(DONE_TEXT)
     return episode
 
 
@@ -550,8 +538,6 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--recipe", help="a recipe's split instead (e.g. data.source: tasks, a world of your own)")
     args = parser.parse_args(argv)
-    from seal_mini.checks.oracle import practice_tasks, recipe_tasks
-
     tasks = practice_tasks(args.seed) if args.practice else recipe_tasks(args.recipe) if args.recipe else None
     result = run_check(
         args.categories,
@@ -564,7 +550,6 @@ def main(argv: list[str]) -> int:
         tasks,
     )
     if args.small_model:
-        from seal_mini.config import DiagnosisConfig
         from seal_mini.core.judge import judge_from_config, tiny_random_judge
 
         if args.small_model == "tiny":

@@ -3,26 +3,25 @@
 For every task this plays the ground truth and a battery of perturbed episodes (PERTURBATIONS) twice:
   kit        seal_mini.envs.episode.Episode, then seal_mini.envs.verifier.check_episode (what training and evaluation use);
   reference  assembled from bfcl-eval's own code only: its multi-turn inference loop
-             (BaseHandler.inference_multi_turn_prompting, which Qwen models run) with its Qwen handler,
-             which decodes each message and runs the calls through BFCL's eval-based executor, then
+             (BaseHandler.inference_multi_turn_prompting, which Qwen models run) with its Qwen handler, which
+             decodes each message and runs the calls through BFCL's eval-based executor, then
              eval_runner._evaluate_single_multi_turn_entry, which decodes every message again and runs
-             multi_turn_checker. The one piece replaced is the model: its query is answered from the
-             episode's script.
-An episode's script is, per user turn, the assistant messages to send; both sides send them in order until
-the turn ends and answer "Done." if the script runs out first (a message that ends a turn early leaves the
-rest unsent). The scripts are generated here from the ground truth, never taken from a model, so BFCL's
-eval() only ever sees strings this module wrote. Verdicts must agree on every episode, except where the
-kit refuses on purpose (REFUSAL_KINDS: code in a name or an argument key, which BFCL evals).
+             multi_turn_checker. The one piece replaced is the model: its query is answered from the script.
+An episode's script is, per user turn, the assistant messages to send; both sides send them in order until the
+turn ends and answer "Done." if the script runs out first (a message that ends a turn early leaves the rest
+unsent). The scripts are generated here from the ground truth, never taken from a model, so BFCL's eval() only
+ever sees strings this module wrote. Verdicts must agree on every episode, except where the kit refuses on
+purpose (REFUSAL_KINDS: code in a name or an argument key, which BFCL evals).
 
-Both sides run under BFCL's names for the kit's model (seal_mini.envs.harness.BFCL_MODEL), and the
-reference starts each inference and each scoring as a fresh process would: its instance caches emptied,
-its back-end classes' default arguments as first seen. Each query's prompt is compared too: the one BFCL's
-handler formats (its _format_prompt on its own chat history) against the kit's (the episode's messages
-written by seal_mini.engine.render in `model.tool_format: bfcl`).
+Both sides run under BFCL's names for the kit's model (seal_mini.envs.harness.BFCL_MODEL), and the reference
+starts each inference and each scoring as a fresh process would: its instance caches emptied, its back-end
+classes' default arguments as first seen. Each query's prompt is compared too: the one BFCL's handler formats
+(its _format_prompt on its own chat history) against the kit's (the episode's messages written by
+seal_mini.engine.render in `model.tool_format: bfcl`).
 
-Importing eval_runner imports every model handler BFCL has, and with them API clients and parsers the
-kit does not install; `reference_modules` imports it with those few packages stubbed (nothing in the
-multi-turn path uses them).
+Importing eval_runner imports every model handler BFCL has, and with them API clients and parsers the kit does
+not install; `reference_modules` imports it with those few packages stubbed (nothing in the multi-turn path
+uses them).
 """
 
 from __future__ import annotations
@@ -45,8 +44,10 @@ from functools import cache
 from types import SimpleNamespace
 
 from seal_mini.config import CATEGORIES, ConfigError, nonnegative
+from seal_mini.core.diagnose import diagnose, reference
 from seal_mini.core.faults import damaged, one_block, other_value
-from seal_mini.envs.bfcl import V3_CLASSES, Task, foreign_tool_names, load_tasks, to_chat_tool
+from seal_mini.envs.bfcl import V3_CLASSES, Task, foreign_tool_names, load_tasks, tasks_by_id, to_chat_tool
+from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import (
     BFCL_MODEL,
     GUARDS,
@@ -59,28 +60,18 @@ from seal_mini.envs.harness import (
     restore_module_data,
     source_literals,
 )
-from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, play
 from seal_mini.envs.toolcalls import format_call
+from seal_mini.envs.verifier import check_episode
 
 Call = tuple[str, dict]
 Script = list[list[str]]
 
 # --- the reference: bfcl-eval's inference loop and scorer --------------------------------------------
 
-INFERENCE_ONLY_PACKAGES = (
-    "anthropic",
-    "cohere",
-    "google.genai",
-    "mistralai",
-    "qwen_agent",
-    "writerai",
-    "datamodel_code_generator",
-    "tree_sitter",
-    "tree_sitter_java",
-    "tree_sitter_javascript",
-    "openai",
-    "dotenv",
-    "tenacity",
+INFERENCE_ONLY_PACKAGES = tuple(
+    "anthropic cohere google.genai mistralai qwen_agent writerai datamodel_code_generator tree_sitter "
+    "tree_sitter_java tree_sitter_javascript openai dotenv tenacity".split()
 )
 """Packages BFCL's handlers import for API models and other languages' parsers; stubbed when absent."""
 
@@ -219,14 +210,9 @@ def bfcl_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Pl
             except Exception as e:  # noqa: BLE001 - what BFCL's generation (multi_threaded_inference) records
                 responses = f"Error during inference: {e}"
             _fresh_process()
+            test_category = task.id.rsplit("_", 1)[0]
             result = ref.eval_runner._evaluate_single_multi_turn_entry(
-                handler,
-                task.id,
-                responses,
-                ground_truth,
-                copy.deepcopy(entry),
-                protocol.checker_model,
-                task.id.rsplit("_", 1)[0],
+                handler, task.id, responses, ground_truth, copy.deepcopy(entry), protocol.checker_model, test_category
             )
     finally:
         _fresh_process()  # BFCL never frees its instance caches
@@ -241,8 +227,6 @@ def bfcl_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Pl
 def kit_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Played:
     """The same scripted episode through seal_mini's Episode, renderer and verifier."""
     from seal_mini.engine.render import bfcl_text, llama_text
-    from seal_mini.envs.episode import Episode
-    from seal_mini.envs.verifier import check_episode
 
     env = Episode(task, protocol=protocol)
     text = bfcl_text if protocol is QWEN_FC else llama_text
@@ -298,6 +282,10 @@ def _turns_with(gt: list[list[Call]], least: int = 1) -> list[int]:
     return [k for k, calls in enumerate(gt) if len(calls) >= least]
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _edit_call(edit: Callable[[Call, Task, random.Random], Call | None]):
     """A builder that changes one call of one turn (picked at random among those `edit` can change)."""
 
@@ -313,27 +301,22 @@ def _edit_call(edit: Callable[[Call, Task, random.Random], Call | None]):
     return build
 
 
-def _schema(task: Task, name: str) -> dict:
-    docs = list(task.tools) + [d for ds in task.held_out.values() for d in ds]
-    return next(to_chat_tool(d) for d in docs if d["name"] == name)["function"]["parameters"]
-
-
-def _wrong_value(call, task, rng):
+def _one_argument(call: Call, keys: list[str], rng: random.Random, new_value: Callable) -> Call | None:
+    """The call with one argument among `keys` (picked at random) set to new_value(its value); None without keys."""
     name, args = call
-    keys = [k for k, v in args.items() if other_value(v, {}) is not None]
     if not keys:
         return None
     key = rng.choice(keys)
-    return name, {**args, key: other_value(args[key], {})}
+    return name, {**args, key: new_value(args[key])}
+
+
+def _wrong_value(call, task, rng):
+    keys = [k for k, v in call[1].items() if other_value(v, {}) is not None]
+    return _one_argument(call, keys, rng, lambda v: other_value(v, {}))
 
 
 def _wrong_type(call, task, rng):
-    name, args = call
-    if not args:
-        return None
-    key = rng.choice(sorted(args))
-    value = args[key]
-    return name, {**args, key: 404 if isinstance(value, str) else str(value)}
+    return _one_argument(call, sorted(call[1]), rng, lambda v: 404 if isinstance(v, str) else str(v))
 
 
 def _unknown_argument(call, task, rng):
@@ -342,50 +325,56 @@ def _unknown_argument(call, task, rng):
 
 def _missing_argument(call, task, rng):
     name, args = call
-    required = [k for k in _schema(task, name).get("required", []) if k in args]
+    docs = list(task.tools) + [d for ds in task.held_out.values() for d in ds]
+    schema = next(to_chat_tool(d) for d in docs if d["name"] == name)["function"]["parameters"]
+    required = [k for k in schema.get("required", []) if k in args]
     if not required:
         return None
     key = rng.choice(required)
     return name, {k: v for k, v in args.items() if k != key}
 
 
-def _foreign_tool(task: Task, rng: random.Random) -> Call:
-    """A real BFCL tool of a back end the task does not involve (BFCL's eval: name not defined)."""
-    return rng.choice(foreign_tool_names(task)), {"x": 1}
+def _one_turn(least: int = 1):
+    """A builder that replaces one turn with at least `least` calls (picked at random) by messages(task, calls,
+    rng), which rewrites a copy of its calls (None where there is no such turn or messages gives None)."""
+
+    def wrap(messages: Callable[[Task, list[Call], random.Random], list[str] | None]):
+        def build(task, gt, rng):
+            turns = _turns_with(gt, least)
+            if not turns:
+                return None
+            k = rng.choice(turns)
+            written = messages(task, list(gt[k]), rng)
+            return None if written is None else _script(gt, k, written)
+
+        return build
+
+    return wrap
 
 
-def _dropped(task, gt, rng):
-    k = rng.choice(_turns_with(gt))
-    calls = list(gt[k])
+@_one_turn()
+def _dropped(task, calls, rng):
     calls.pop(rng.randrange(len(calls)))
-    return _script(gt, k, [_message(calls)] if calls else [])
+    return [_message(calls)] if calls else []
 
 
-def _duplicated(task, gt, rng):
-    k = rng.choice(_turns_with(gt))
-    calls = list(gt[k])
+@_one_turn()
+def _duplicated(task, calls, rng):
     i = rng.randrange(len(calls))
     calls.insert(i, calls[i])
-    return _script(gt, k, [_message(calls)])
+    return [_message(calls)]
 
 
-def _swapped(task, gt, rng):
-    turns = _turns_with(gt, 2)
-    if not turns:
-        return None
-    k = rng.choice(turns)
-    calls = list(gt[k])
+@_one_turn(least=2)
+def _swapped(task, calls, rng):
     i = rng.randrange(len(calls) - 1)
     calls[i], calls[i + 1] = calls[i + 1], calls[i]
-    return _script(gt, k, [_message(calls)])
+    return [_message(calls)]
 
 
-def _reordered(task, gt, rng):
-    turns = _turns_with(gt, 2)
-    if not turns:
-        return None
-    k = rng.choice(turns)
-    return _script(gt, k, [_message(list(reversed(gt[k])))])
+@_one_turn(least=2)
+def _reordered(task, calls, rng):
+    return [_message(calls[::-1])]
 
 
 def _stepwise(task, gt, rng):
@@ -393,11 +382,11 @@ def _stepwise(task, gt, rng):
     return [[_message([c]) for c in calls] if len(calls) <= 20 else [_message(calls)] for calls in gt]
 
 
-def _not_offered(task, gt, rng):
-    k = rng.choice(_turns_with(gt))
-    calls = list(gt[k])
-    calls.insert(rng.randrange(len(calls) + 1), _foreign_tool(task, rng))
-    return _script(gt, k, [_message(calls)])
+@_one_turn()
+def _not_offered(task, calls, rng):
+    """A real BFCL tool of a back end the task does not involve (BFCL's eval: name not defined)."""
+    calls.insert(rng.randrange(len(calls) + 1), (rng.choice(foreign_tool_names(task)), {"x": 1}))
+    return [_message(calls)]
 
 
 def _withheld(before: bool):
@@ -425,34 +414,29 @@ def _empty_turn_call(task, gt, rng):
     return _script(gt, rng.choice(empty), [_message([call])])
 
 
-def _malformed(task, gt, rng):
-    k = rng.choice(_turns_with(gt))
-    blocks = [format_call(n, a) for n, a in gt[k]]
+@_one_turn()
+def _malformed(task, calls, rng):
+    blocks = [format_call(n, a) for n, a in calls]
     i = rng.randrange(len(blocks))
-    blocks[i] = damaged(*gt[k][i], "broken")
-    return _script(gt, k, ["\n".join(blocks)])
+    blocks[i] = damaged(*calls[i], "broken")
+    return ["\n".join(blocks)]
 
 
 def _written(form: str):
-    """A turn's calls written in another form: one_line, fenced_json, fenced_message, as_string, no_arguments."""
+    """A turn's calls written in another form: one_line, fenced_json, fenced_message, as_string, no_arguments,
+    with_prose, think."""
 
-    def block(call: Call) -> str:
-        return (
-            damaged(*call, form)
-            if form in ("one_line", "fenced_json", "as_string", "no_arguments")
-            else format_call(*call)
-        )
-
-    def build(task, gt, rng):
-        k = rng.choice(_turns_with(gt))
-        text = "\n".join(block(c) for c in gt[k])
+    @_one_turn()
+    def build(task, calls, rng):
+        damage = form in ("one_line", "fenced_json", "as_string", "no_arguments")
+        text = "\n".join(damaged(*c, form) if damage else format_call(*c) for c in calls)
         if form == "fenced_message":
             text = f"```\n{text}\n```"
         if form == "with_prose":
             text = f"Let me do that for you.\n{text}\nThat should be all."
         if form == "think":  # BFCL's Qwen handler drops everything up to </think>: these calls are never made
             text = f"<think>\nI will call:\n{text}\n</think>\n\nI have done it."
-        return _script(gt, k, [text])
+        return [text]
 
     return build
 
@@ -464,27 +448,21 @@ def _reasoning(task, gt, rng):
     return [[think(k, m) for m in messages] for k, messages in enumerate(_stepwise(task, gt, rng))]
 
 
-def _two_in_one_block(task, gt, rng):
-    turns = _turns_with(gt, 2)
-    if not turns:
-        return None
-    k = rng.choice(turns)
-    rest = [format_call(n, a) for n, a in gt[k][2:]]
-    return _script(gt, k, ["\n".join([one_block(gt[k][:2]), *rest])])
+@_one_turn(least=2)
+def _two_in_one_block(task, calls, rng):
+    return ["\n".join([one_block(calls[:2]), *(format_call(n, a) for n, a in calls[2:])])]
 
 
-def _repaired(task, gt, rng):
+@_one_turn()
+def _repaired(task, calls, rng):
     """A message whose calls are all broken, then the correct calls: BFCL ends the turn on the first."""
-    k = rng.choice(_turns_with(gt))
-    return _script(gt, k, ["\n".join(damaged(*c, "broken") for c in gt[k]), _message(gt[k]), DONE_TEXT])
+    return ["\n".join(damaged(*c, "broken") for c in calls), _message(calls), DONE_TEXT]
 
 
 def _broken_only_call(task, gt, rng):
     """A read-only turn whose calls were made at the end of the turn before; in the turn itself the only
     call has an unknown argument. BFCL runs it (an error), so the turn is not empty and the outputs it
     needs are already there: it passes."""
-    from seal_mini.core.diagnose import reference
-
     states = reference(task).states
     options = [k for k in range(1, len(gt)) if gt[k] and gt[k - 1] and states[k] == states[k - 1]]
     if not options:
@@ -496,10 +474,10 @@ def _broken_only_call(task, gt, rng):
     return script
 
 
-def _builtin(task, gt, rng):
+@_one_turn()
+def _builtin(task, calls, rng):
     """A Python builtin as a tool: BFCL's eval calls it (and print(text=...) raises); the kit refuses it."""
-    k = rng.choice(_turns_with(gt))
-    return _script(gt, k, [_message(list(gt[k]) + [("print", {"text": "done"})])])
+    return [_message(calls + [("print", {"text": "done"})])]
 
 
 def _non_finite(task, gt, rng):
@@ -509,7 +487,7 @@ def _non_finite(task, gt, rng):
         for k in _turns_with(gt)
         for i, (_, args) in enumerate(gt[k])
         for key, v in args.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
+        if _is_number(v)
     ]
     if not options:
         return None
@@ -535,12 +513,8 @@ def _step_limit(last: bool):
 
 def _mention_method(call, task, rng):
     """A string argument that mentions a method: BFCL writes the instance's global name into it."""
-    name, args = call
-    keys = sorted(k for k, v in args.items() if isinstance(v, str))
-    if not keys:
-        return None
-    key = rng.choice(keys)
-    return name, {**args, key: f"{args[key]} see {name}(x)"}
+    keys = sorted(k for k, v in call[1].items() if isinstance(v, str))
+    return _one_argument(call, keys, rng, lambda v: f"{v} see {call[0]}(x)")
 
 
 def _large_integer(call, task, rng):
@@ -548,14 +522,8 @@ def _large_integer(call, task, rng):
     costly_math_call plays those)."""
     name, args = call
     guard = GUARDS.get(name, lambda a: "")
-    keys = sorted(
-        k
-        for k, v in args.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not guard({**args, k: 2**60})
-    )
-    if not keys:
-        return None
-    return name, {**args, rng.choice(keys): 2**60}
+    keys = sorted(k for k, v in args.items() if _is_number(v) and not guard({**args, k: 2**60}))
+    return _one_argument(call, keys, rng, lambda v: 2**60)
 
 
 def _code_in_name(call, task, rng):
@@ -563,21 +531,21 @@ def _code_in_name(call, task, rng):
     return f"print() or {call[0]}", call[1]
 
 
+def _owner_class(task: Task, name: str) -> str:
+    return next(c for c in task.involved_classes if hasattr(bfcl_class(c), name))
+
+
 def _code_in_key(call, task, rng):
     """An argument key that is code spelling the call with its first argument positional, the rest cut off
     by a comment: BFCL's eval runs it; the kit refuses a positional argument."""
     name, args = call
-    cls = next(bfcl_class(c) for c in task.involved_classes if hasattr(bfcl_class(c), name))
-    params = [p for p in inspect.signature(getattr(cls, name)).parameters if p != "self"]
+    method = getattr(bfcl_class(_owner_class(task, name)), name)
+    params = [p for p in inspect.signature(method).parameters if p != "self"]
     if not args or not params or next(iter(args)) != params[0]:
         return None
     first, *rest = args.items()
     key = ",".join([repr(first[1])] + [f"{k}={v!r}" for k, v in rest]) + ")#"
     return name, {key: 0}
-
-
-def _owner_class(task: Task, name: str) -> str:
-    return next(c for c in task.involved_classes if hasattr(bfcl_class(c), name))
 
 
 def _through_own_instance(call, task, rng):
@@ -609,12 +577,12 @@ COSTLY_CALLS = (
 """Calls just past the harness's GUARDS, which BFCL still finishes in a fraction of a second."""
 
 
-def _costly(task, gt, rng):
+@_one_turn()
+def _costly(task, calls, rng):
     """A guarded math call added to a turn (the kit refuses it, BFCL runs it)."""
     if "MathAPI" not in task.involved_classes:
         return None
-    k = rng.choice(_turns_with(gt))
-    return _script(gt, k, [_message(list(gt[k]) + [rng.choice(COSTLY_CALLS)])])
+    return [_message(calls + [rng.choice(COSTLY_CALLS)])]
 
 
 def _posts_without(gt, key: str) -> list[tuple[int, int]]:
@@ -635,8 +603,6 @@ def _mention_own_post(task, gt, rng):
     """The ground truth, plus, at the start of the next turn, a mention in a tweet it posted without
     mentions. In BFCL's fresh process the model's tweet and the ground truth's hold the same default list,
     so both get the mention and the states still agree; back ends that did not share it would differ."""
-    from seal_mini.core.diagnose import reference
-
     outputs = reference(task).outputs
     options = [
         (k, i) for k, i in _posts_without(gt, "mentions") if k + 1 < len(gt) and "id" in json.loads(outputs[k][i])
@@ -648,15 +614,17 @@ def _mention_own_post(task, gt, rng):
     return _script(gt, k + 1, [_message([mention, *gt[k + 1]])])
 
 
-def _grow_shared_default() -> None:
-    """An episode (played, checked, diagnosed) that posts a tweet without mentions and then mentions in it:
-    in a process whose back ends shared post_tweet's default list, later tweets would carry the mention."""
-    from seal_mini.core.diagnose import diagnose
-    from seal_mini.envs.bfcl import tasks_by_id
-    from seal_mini.envs.episode import Episode
-    from seal_mini.envs.scripted import play
-    from seal_mini.envs.verifier import check_episode
+def _play_first_turn(task: Task, calls: list[Call]) -> None:
+    """Play an episode of the task (these calls in its first turn, none after), check and diagnose it, as
+    training does in the same process."""
+    episode = Episode(task)
+    play(episode, [calls] + [[] for _ in task.turns[1:]])
+    diagnose(episode, check_episode(episode))
 
+
+def _grow_shared_default() -> None:
+    """An episode that posts a tweet without mentions and then mentions in it: in a process whose back ends
+    shared post_tweet's default list, later tweets would carry the mention."""
     task = tasks_by_id(["base"])["multi_turn_base_5"]
     login = {k: task.initial_config["TwitterAPI"][k] for k in ("username", "password")}
     calls = [
@@ -664,9 +632,7 @@ def _grow_shared_default() -> None:
         ("post_tweet", {"content": "x"}),
         ("mention", {"tweet_id": 0, "mentioned_usernames": ["@a"]}),
     ]
-    episode = Episode(task)
-    play(episode, [calls] + [[] for _ in task.turns[1:]])
-    diagnose(episode, check_episode(episode))
+    _play_first_turn(task, calls)
 
 
 LONG_CONTEXT = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.long_context"
@@ -694,21 +660,13 @@ def _card_booking(task, gt, rng):
 
 
 def _drain_shared_card() -> None:
-    """An episode (played, checked, diagnosed) that books first-class flights on a long_context.py card: in
-    a process whose back ends shared those cards, later episodes would meet a drained balance."""
-    from seal_mini.core.diagnose import diagnose
-    from seal_mini.envs.bfcl import tasks_by_id
-    from seal_mini.envs.episode import Episode
-    from seal_mini.envs.scripted import play
-    from seal_mini.envs.verifier import check_episode
-
+    """An episode that books first-class flights on a long_context.py card: in a process whose back ends
+    shared those cards, later episodes would meet a drained balance."""
     task = tasks_by_id(["long_context"])["multi_turn_long_context_198"]
     token = task.initial_config["TravelAPI"]["access_token"]
     booking = {"access_token": token, "card_id": "1234567812345678", "travel_date": "2026-12-25"}
     booking |= {"travel_from": "SFO", "travel_to": "LAX", "travel_class": "first"}
-    episode = Episode(task)
-    play(episode, [[("book_flight", booking)] * 3] + [[] for _ in task.turns[1:]])
-    diagnose(episode, check_episode(episode))
+    _play_first_turn(task, [("book_flight", booking)] * 3)
 
 
 BEFORE_KIT: dict[str, Callable[[], None]] = {
@@ -721,8 +679,7 @@ BEFORE_KIT: dict[str, Callable[[], None]] = {
 
 
 def _python(call: Call, positional: int = 0, value=repr) -> str:
-    """One call in Python syntax, its first `positional` arguments without their keys, each value written
-    by `value`."""
+    """One call in Python syntax, its first `positional` arguments without their keys, each value written by `value`."""
     name, args = call
     items = list(args.items())
     parts = [value(v) for _, v in items[:positional]] + [f"{k}={value(v)}" for k, v in items[positional:]]
@@ -750,37 +707,15 @@ def _positional(calls, rng):
     return "[" + ", ".join([_python(calls[0], positional=1), *(_python(c) for c in calls[1:])]) + "]"
 
 
-def _tuples(calls, rng):
-    """Lists written as tuples: BFCL's decoder keeps them tuples, so the back end gets tuples."""
-    if not any(isinstance(v, list) for _, a in calls for v in a.values()):
-        return None
-    as_tuple = lambda v: repr(tuple(v)) if isinstance(v, list) else repr(v)  # noqa: E731
-    return "[" + ", ".join(_python(c, value=as_tuple) for c in calls) + "]"
+def _rewritten(picks: Callable[[object], bool], write: Callable[[object], str]):
+    """A call list in Python syntax with each value that `picks` written by `write` (None where it picks none)."""
 
+    def text(calls, rng):
+        if not any(picks(v) for _, a in calls for v in a.values()):
+            return None
+        return "[" + ", ".join(_python(c, value=lambda v: write(v) if picks(v) else repr(v)) for c in calls) + "]"
 
-def _unary_plus(calls, rng):
-    """A positive number written +N: BFCL's decoder negates any unary operand, so the back end gets -N."""
-    if not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for _, a in calls for v in a.values()):
-        return None
-    signed = lambda v: f"+{v!r}" if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else repr(v)  # noqa: E731
-    return "[" + ", ".join(_python(c, value=signed) for c in calls) + "]"
-
-
-def _bare_names(calls, rng):
-    """String arguments that are identifiers written without quotes: BFCL's decoder reads a name as its text."""
-    if not any(isinstance(v, str) and v.isidentifier() for _, a in calls for v in a.values()):
-        return None
-    bare = lambda v: v if isinstance(v, str) and v.isidentifier() else repr(v)  # noqa: E731
-    return "[" + ", ".join(_python(c, value=bare) for c in calls) + "]"
-
-
-def _operation(calls, rng):
-    """A number written as an operation (N + 0): BFCL's decoder eval()s it and runs the call; the kit
-    evaluates no model text, so the message does not decode and the turn ends."""
-    if not any(isinstance(v, int) and not isinstance(v, bool) for _, a in calls for v in a.values()):
-        return None
-    summed = lambda v: f"{v!r} + 0" if isinstance(v, int) and not isinstance(v, bool) else repr(v)  # noqa: E731
-    return "[" + ", ".join(_python(c, value=summed) for c in calls) + "]"
+    return text
 
 
 PYTHON_KINDS: dict[str, Callable] = {
@@ -789,27 +724,24 @@ PYTHON_KINDS: dict[str, Callable] = {
     "call_list_fenced": _call_list(lambda calls, rng: f"```python\n{_message(calls)}\n```"),
     "call_list_in_backticks": _call_list(lambda calls, rng: f"`{_message(calls)}`"),
     "call_list_positional_argument": _call_list(_positional),
-    "call_list_tuples_for_lists": _call_list(_tuples),
-    "call_list_unary_plus": _call_list(_unary_plus),
-    "call_list_bare_names": _call_list(_bare_names),
-    "call_list_operation": _call_list(_operation),
+    # lists written as tuples: BFCL's decoder keeps them tuples, so the back end gets tuples
+    "call_list_tuples_for_lists": _call_list(_rewritten(lambda v: isinstance(v, list), lambda v: repr(tuple(v)))),
+    # a positive number written +N: BFCL's decoder negates any unary operand, so the back end gets -N
+    "call_list_unary_plus": _call_list(_rewritten(lambda v: _is_number(v) and v > 0, lambda v: f"+{v!r}")),
+    # string arguments that are identifiers written without quotes: BFCL's decoder reads a name as its text
+    "call_list_bare_names": _call_list(_rewritten(lambda v: isinstance(v, str) and v.isidentifier(), str)),
+    # a number written as an operation (N + 0): BFCL's decoder eval()s it and runs the call; the kit evaluates no
+    # model text, so the message does not decode and the turn ends
+    "call_list_operation": _call_list(
+        _rewritten(lambda v: isinstance(v, int) and not isinstance(v, bool), lambda v: f"{v!r} + 0")
+    ),
 }
 """Ways of writing a Python call list that BFCL's LlamaHandler reads in its own way (llama_prompt only)."""
 
-QWEN_ONLY = (
-    "malformed_json",
-    "one_line_tags",
-    "fenced_json",
-    "fenced_message",
-    "two_objects_one_block",
-    "parse_error_then_repair",
-    "arguments_as_string",
-    "no_arguments_key",
-    "prose_around_calls",
-    "think_block",
-    "reasoning_before_calls",
-    "code_in_name",
-    "code_in_key",
+QWEN_ONLY = tuple(
+    "malformed_json one_line_tags fenced_json fenced_message two_objects_one_block parse_error_then_repair "
+    "arguments_as_string no_arguments_key prose_around_calls think_block reasoning_before_calls code_in_name "
+    "code_in_key".split()
 )
 """Kinds about <tool_call> JSON blocks (qwen_fc only)."""
 
@@ -863,13 +795,8 @@ KINDS = {
     "llama_prompt": tuple(k for k in PERTURBATIONS if k not in QWEN_ONLY),
 }
 """The kinds each protocol's battery plays."""
-REFUSAL_KINDS = (
-    "python_builtin",
-    "costly_math_call",
-    "code_in_name",
-    "code_in_key",
-    "call_through_instance_name",
-    "call_list_operation",
+REFUSAL_KINDS = tuple(
+    "python_builtin costly_math_call code_in_name code_in_key call_through_instance_name call_list_operation".split()
 )
 """Kinds with a call the kit refuses on purpose (it never eval()s model text, and runs nothing that could
 keep it busy for hours): the refused call's output is the kit's own line, so prompts differ from the

@@ -6,31 +6,32 @@ That shows the environment and the verifier agree with the benchmark before any 
 `oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py), and
 `oracle --recipe RECIPE [key=value ...]` over a recipe's split (e.g. a tasks world of your own).
 `oracle --splits [FILE ...]` compares BFCL splits: the kit's seeded one, the SEAL release's two (shipped in
-recipes/splits/) and any split files given. `python -m seal_mini oracle --differential [options]` goes further: the ground truth and a battery of
-perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must
-agree on every one (seal_mini.checks.differential).
+recipes/splits/) and any split files given. `python -m seal_mini oracle --differential [options]` goes further:
+the ground truth and a battery of perturbed episodes, each scored by the kit and by BFCL's own inference loop and
+scorer, which must agree on every one (seal_mini.checks.differential).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
+from pathlib import Path
 
-from seal_mini.config import CATEGORIES
-from seal_mini.envs.bfcl import Task, load_tasks
+from seal_mini.config import CATEGORIES, DataConfig, load_config
+from seal_mini.envs import practice
+from seal_mini.envs.bfcl import Task, load_tasks, make_split, read_split_file
 from seal_mini.envs.scripted import POLICIES, replay
+from seal_mini.envs.splits import load_split, pick, split_figures
 
 
-def run_oracle(categories=CATEGORIES, limit: int = 0, tasks: list[Task] | None = None) -> dict:
+def run_oracle(tasks: list[Task] | None = None) -> dict:
     """Pass counts per policy and category (BFCL V3's tasks, or the ones given)."""
     start = time.perf_counter()
-    if tasks is None:
-        tasks = load_tasks(categories)
-        if limit:
-            tasks = [t for t in tasks if t.index < limit]
+    tasks = load_tasks(CATEGORIES) if tasks is None else tasks
     out: dict = {}
     for policy, make_turns in POLICIES.items():
-        counts = {c: {"passed": 0, "total": 0} for c in categories}
+        counts = {c: {"passed": 0, "total": 0} for c in CATEGORIES}
         for task in tasks:
             _, reward = replay(task, make_turns(task))
             counts[task.category]["passed"] += int(reward)
@@ -42,9 +43,6 @@ def run_oracle(categories=CATEGORIES, limit: int = 0, tasks: list[Task] | None =
 
 def practice_tasks(seed: int = 0) -> list[Task]:
     """The practice sets of the default sizes (training and held-in), as a practice recipe draws them."""
-    from seal_mini.config import DataConfig
-    from seal_mini.envs import practice
-
     d = DataConfig(source="practice", split_seed=seed)
     split = practice.make_split(seed, d.train_per_category, d.heldin_per_category, CATEGORIES)
     return [practice.task(i) for i in split["train"] + split["eval"]]
@@ -52,9 +50,6 @@ def practice_tasks(seed: int = 0) -> list[Task]:
 
 def recipe_tasks(recipe: str, overrides: list[str] = ()) -> list[Task]:
     """A recipe's training and held-in tasks, as its run draws them (BFCL, practice or a tasks world)."""
-    from seal_mini.config import load_config
-    from seal_mini.envs.splits import load_split, pick
-
     split = load_split(load_config(recipe, overrides))
     return pick(split["train"] + split["eval"], 0)
 
@@ -65,11 +60,6 @@ RELEASE_SPLITS = ("recipes/splits/seal_release.json", "recipes/splits/seal_relea
 
 def compare_splits(files: list[str], seed: int = 0) -> dict:
     """split_figures of the kit's seeded split (data.split_seed `seed`), the release's two and `files`."""
-    from pathlib import Path
-
-    from seal_mini.envs.bfcl import make_split, read_split_file
-    from seal_mini.envs.splits import split_figures
-
     named = {f"kit seed {seed}": make_split(seed=seed)}
     named.update({Path(f).stem: read_split_file(f) for f in [*RELEASE_SPLITS, *files]})
     return split_figures(named)
@@ -91,8 +81,6 @@ def main(argv: list[str]) -> int:
             print(f"{pair}: {n} training ids shared")
         print(json.dumps(result))
         return 0
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m seal_mini oracle", description=__doc__.split("\n")[0])
     parser.add_argument("--practice", action="store_true", help="the practice sets (training and held-in) instead")
     parser.add_argument("--seed", type=int, default=0, help="with --practice: the sets' seed (data.split_seed)")
