@@ -224,11 +224,9 @@ class DataConfig:
 @dataclass
 class EnvConfig:
     max_calls_per_turn: int = bounded(20, "> 0", "BFCL uses 20")
-    """Tool-calling messages allowed per user turn in training rollouts; BFCL's official limit is 20.
-    Evaluation always plays BFCL's own limits, whatever this says."""
+    """Tool-calling messages allowed per user turn in training rollouts; evaluation always plays BFCL's (20)."""
     max_calls_per_episode: int = bounded(0, ">= 0", "0 = no limit")
-    """Tool-calling messages allowed per training episode (0 = no limit). The authors' release capped 20
-    per trajectory. Not applied in evaluation."""
+    """Tool-calling messages allowed per training episode (0 = no limit; the authors' release capped 20)."""
 
 
 @dataclass
@@ -254,8 +252,7 @@ class RolloutConfig:
     """KV-cache memory of the slots (0 = 70% of the GPU memory free after loading; 2 GB on CPU). The cache
     is allocated once per rollout call and never grows beyond it."""
     prefill_tokens: int = bounded(16384, "> 0", "e.g. 16384")
-    """Rows x padded length of one prefill forward (prompts and tool results; a longer one runs in pieces):
-    bounds its activations."""
+    """Rows x padded length of one prefill forward (prompts, tool results; more in pieces): bounds its activations."""
 
     def validate(self, key: str) -> None:
         _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")
@@ -286,13 +283,11 @@ class DiagnosisConfig:
     rho_max: float = 2.0
     """ema only: upper clip of the moving rho."""
     weight_level: str = choice("trajectory", WEIGHT_LEVELS)
-    """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token in proportion to
-    its own turn's clipped rho, scaled so the trajectory's mean token weight is still w_j), or any level added
-    to seal_mini/estimators.py."""
+    """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token by its own turn's
+    clipped rho, scaled so the trajectory's mean token weight is still w_j) | a level added to estimators.py."""
     shuffle_weights: bool = False
-    """A control: each group's failed trajectories trade their labels at random before the weights are
-    computed, so the weights keep their sizes and the group's total on its failures, and no longer say
-    which failed trajectory failed how."""
+    """A control: each group's failed trajectories trade labels at random before weighting, so the weights keep
+    their sizes and the group's total on its failures but no longer say which trajectory failed how."""
     small_model: bool = False
     """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
     small_model_name: str = ""
@@ -340,12 +335,11 @@ class InterfaceConfig:
     """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
     otherwise flip off the next round and back on the one after."""
     bare_share: float = bounded(0.0, "a share in [0, 1]")
-    """Share of each round's tasks (rounded to whole tasks) whose groups play the bare benchmark (no cue, no
-    retry) while the others play through Omega_t: the update then also learns on the prompts evaluation
-    shows. 0: every group through the interface, as the paper trains. A kit switch, to test whether cues
-    that are on in training and off in evaluation cost on the benchmark (docs/cpu_learn.md). The rounds
-    record which tasks played bare; the report's cue table and the sweep's training-success figures count
-    a round's bare groups with the rest."""
+    """Share of each round's tasks (rounded) whose groups play the bare benchmark (no cue, no retry) while the
+    others play through Omega_t, so the update also learns on the prompts evaluation shows; 0 = all through
+    the interface, as the paper trains. A kit switch to test whether training-only cues cost on the benchmark
+    (docs/cpu_learn.md). Rounds record which tasks played bare; the report's cue table and the sweep's
+    training-success figures count them with the rest."""
 
     def validate(self, key: str) -> None:
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
@@ -357,8 +351,7 @@ class TrainConfig:
     """Policy updates (rounds): 6 whole epochs of 400 tasks, each dealt into 13 steps of 30-31 tasks (the
     paper's 72 = 6 x 12 steps of 32 leave 16 tasks out of every epoch; README, "Choices")."""
     tasks_per_step: int = bounded(32, "> 0")
-    """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) rounds of
-    near-equal size."""
+    """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) near-equal rounds."""
     mini_batch_tasks: int = bounded(8, "> 0")
     """Tasks per optimizer step (PPO mini-batch); a round's last mini-batch holds what is left."""
     micro_batch: int = bounded(1, "> 0")
@@ -378,34 +371,29 @@ class TrainConfig:
     adv_eps: float = bounded(1e-6, ">= 0", "e.g. 1e-6")
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
     adv_estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS)
-    """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
-    | rloo (r minus the mean of the group's other rewards), or any estimator added to seal_mini/estimators.py.
-    The diagnostic weight multiplies any of them."""
+    """Group-relative advantage, which the diagnostic weight multiplies: grpo (paper: (r - mean) / (std + eps))
+    | dr_grpo (r - mean) | rloo (r minus the mean of the group's other rewards) | one added to estimators.py."""
     loss_agg: str = choice("token_mean", LOSS_AGGREGATIONS)
     """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
     mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
     | seq_mean_token_sum (each sequence's token sum / token_sum_norm, averaged over sequences; Dr. GRPO)."""
     token_sum_norm: float = bounded(0.0, ">= 0", "0 = rollout.max_response_tokens")
-    """seq_mean_token_sum only: the constant every sequence's token sum is divided by; 0 = the generation
-    budget rollout.max_response_tokens (Dr. GRPO's choice), 1 = a plain sum. A constant, not the sequence's
-    length, so a long sequence's tokens weigh as much as a short one's."""
+    """seq_mean_token_sum only: the constant each sequence's token sum is divided by (not its length, so long
+    and short sequences' tokens weigh alike); 0 = rollout.max_response_tokens (Dr. GRPO's), 1 = a plain sum."""
     old_logprobs: str = choice("sampled", ("sampled", "recompute"))
     """The "old" log-probs of the clipped ratio: sampled (those the rollout recorded, no extra forward) |
-    recompute (one no-grad forward of the current policy over the round, in the training forward's mode,
-    before the first mini-batch: the first mini-batch's ratio is then exactly 1; the safe choice on a GPU,
-    whose sampling kernels differ from the training forward's)."""
+    recompute (a no-grad forward of the current policy over the round, in training mode, before the first
+    mini-batch, whose ratio is then exactly 1: the safe choice on a GPU, whose sampling kernels differ)."""
     logprob_chunk: int = bounded(256, "> 0")
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
     update: bool = True
-    """Apply the policy update. False: a control run (rollouts, diagnosis, interface as usual; the adapter
-    never changes), to show what the update itself contributes."""
+    """Apply the policy update (False: a control run; rollouts, diagnosis, interface as usual, the adapter fixed)."""
     reweight: bool = True
     """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
     diagnose: bool = True
     """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
     eval_every: int = bounded(13, ">= 0")
-    """Held-in evaluation during training every N steps, before the last (0 = none). The pipeline evaluates
-    the backbone and the final adapter after training in any case."""
+    """Held-in evaluation every N steps, before the last (0 = none); the pipeline evaluates the final adapter."""
     save_every: int = bounded(1, "> 0")
     """Checkpoint every N steps."""
     print_samples: int = 2
@@ -421,28 +409,26 @@ class TrainConfig:
 
 @dataclass
 class SftConfig:
-    """Supervised fine-tuning before RL (seal_mini/training/sft.py): demonstrations of the training tasks, rendered
-    through the chat template and token path of rollouts, loss on the assistant's tokens only. The result,
-    the warm start, is the backbone that RL trains its adapter on (and the report's "backbone" row)."""
+    """Supervised fine-tuning before RL (seal_mini/training/sft.py) on demonstrations of the training tasks,
+    rendered as rollouts are, loss on the assistant's tokens only. The result, the warm start, is the backbone
+    RL trains its adapter on (and the report's "backbone" row)."""
 
     enabled: bool = False
     """Build (or reuse) the warm start in <run_dir>/warm_start and train RL on top of it."""
     faults: dict[str, float] = field(default_factory=dict)
-    """Fault kind -> share of the demonstration turns where that fault can be made that show it (kinds of
-    diagnose-check; the first kind in this order that can be made and is drawn wins a turn). So the warm
-    start fails in labelled ways, as often as these shares say. Empty: clean demonstrations."""
+    """Fault kind (as diagnose-check) -> share of the demonstration turns where it can be made that show it (the
+    first kind in this order that is drawn wins a turn), so the warm start fails in labelled ways this often.
+    Empty: clean demonstrations."""
     tasks_per_category: int = bounded(0, ">= 0", "0 = the training split")
-    """Practice source only: demonstrate this many generated training-side tasks per category (RL's
-    training tasks are the first data.train_per_category of them; the held-in set excludes all). A model
-    built from scratch generalizes from many different tasks, not from many passes over a few. 0 = the
-    training split."""
+    """Practice source only: demonstrate this many generated training-side tasks per category (RL trains on the
+    first data.train_per_category; the held-in set excludes all); 0 = the training split. A model built from
+    scratch generalizes from many different tasks, not from many passes over a few."""
     demos_per_task: int = bounded(1, "> 0")
     """Demonstrations per training task, each with its own fault draws."""
     cue_share: float = bounded(0.0, "a share in [0, 1]")
-    """Share of the demonstrations played through the training interface in a random state (each cue on or
-    off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
-    the interface can add before RL shows it one; without them, a model built from scratch breaks down the
-    step the first cue switches on (measured). The interface never changes the demonstrated calls."""
+    """Share of the demonstrations played through the training interface in a random state (each cue on or off,
+    a few guidelines), so a model built from scratch has seen every text the interface can add before RL shows
+    it one (without, it breaks down when the first cue switches on; measured). The calls shown never change."""
     fault_draw: str = choice("turn", ("turn", "episode", "task"))
     """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
     demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
@@ -451,12 +437,11 @@ class SftConfig:
     majority's way. task: drawn as in episode, but spread over a task's demonstrations (each kind in its
     share of them, rounded), so no task's tendency is learned as all-or-nothing from its own few."""
     cue_compliance: float = 0.0
-    """c, how far the backbone follows the interface's cues, as a property of the warm start: in a demonstration
-    shown cues, a fault whose label a shown cue addresses is (1 - c) times as likely, a fault a shown
-    guideline raises (its side effect: told to be cautious, a model answers without a call more often; told
-    to act, it guesses values it should ask for) 1 + c/2 times, and with error feedback shown an error is
-    repaired with probability c. 0: cues predict nothing (the negative control). An instruction-tuned model
-    follows instructions partly; a model built from scratch only as far as its demonstrations show it."""
+    """c, how far the warm start follows the interface's cues (an instruction-tuned model partly, one built from
+    scratch as far as its demonstrations show it): in a demonstration shown cues, a fault whose label a shown
+    cue addresses is (1 - c) times as likely, one a shown guideline raises (told to be cautious, a model answers
+    without a call more often; told to act, it guesses values it should ask for) 1 + c/2 times, and with error
+    feedback an error is repaired with probability c. 0: cues predict nothing (the negative control)."""
     cue_side_effect: float = bounded(0.5, ">= 0", "0 = no side effects")
     """How strongly a shown guideline raises the faults it raises (labels.Guideline.raises): 1 + this * c
     times as likely. 0: guidelines lower their own label's faults and nothing else (no side effects)."""
@@ -498,11 +483,10 @@ class EvalConfig:
     base_model: bool = True
     """Also evaluate the backbone without adapter (the table's "backbone" row)."""
     limits: str = choice("paper", ("paper", "rollout"))
-    """Held-in token limits. paper: those of the paper and the authors' release (EVAL_LIMITS: prompt 8,192,
-    response 4,096 a whole episode, 16,384 in all; one message may use the whole response), or the recipe's
-    rollout.max_prompt_tokens / max_total_tokens where those are larger (evaluation never cuts an episode
-    training would play); never training's per-message cut. rollout: the rollout.* limits (the CPU recipes,
-    whose small models would sample up to any limit they are given)."""
+    """Held-in token limits. paper: the paper's and the release's (EVAL_LIMITS: prompt 8,192, response 4,096 an
+    episode, one message may use it all, 16,384 in all), or rollout.max_prompt_tokens / max_total_tokens where
+    larger (evaluation never cuts an episode training would play). rollout: the rollout.* limits (the CPU
+    recipes, whose small models would sample up to any limit they are given)."""
 
 
 EVAL_LIMITS = {
@@ -524,9 +508,8 @@ class OodConfig:
     """Out-of-distribution evaluation (the paper's Table 2): suites never seen in training."""
 
     suites: list[str] = field(default_factory=list)
-    """Suites the pipeline runs after the held-in evaluation: bfcl_v4_memory, bfcl_v4_web_search, tau2.
-    Empty = none. They need the optional extra: pip install -r requirements-ood.txt. The names are checked
-    against the suites' registry (seal_mini.evaluation.suites.check_suites) before anything runs."""
+    """Suites the pipeline runs after the held-in evaluation (bfcl_v4_memory, bfcl_v4_web_search, tau2; checked
+    before anything runs); empty = none. They need pip install -r requirements-ood.txt."""
     memory_backends: list[str] = field(default_factory=lambda: list(MEMORY_BACKENDS))
     """BFCL V4 memory back ends. vector runs only where embedding_model names a local folder."""
     memory_scenarios: list[str] = field(default_factory=lambda: list(MEMORY_SCENARIOS))
@@ -550,10 +533,9 @@ class OodConfig:
     max_prompt_tokens: int = bounded(24576, "> 0")
     max_response_tokens: int = bounded(16384, "> 0")
     max_total_tokens: int = bounded(32768, "> 0")
-    """Token limits of a suite episode, in place of rollout.*'s training limits. The packages cap
-    nothing but the model's context (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens
-    with the tiny tokenizer, and a BFCL memory conversation runs 10+ user turns. An episode that hits
-    a limit scores 0 and is counted in the result's `truncated`."""
+    """Token limits of a suite episode, in place of rollout.*'s. The packages cap nothing but the model's context
+    (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens with the tiny tokenizer, and a BFCL memory
+    conversation runs 10+ user turns. An episode over a limit scores 0 and counts in the result's `truncated`."""
     tau2_max_steps: int = 200
     """tau2 episode limit in steps, as tau2's orchestrator counts them (its command line's default).
     Replaying a task's expected actions alone takes up to 43 (airline)."""
@@ -868,13 +850,11 @@ RESUME_MAY_CHANGE = {
     "log.backends": "where metrics are shown while the run goes (TensorBoard, W&B); metrics.jsonl is always written",
     "log.wandb_project": "which W&B project shows the run",
 }
-"""Settings a run may change when it continues (train --resume, a rerun of the pipeline): they trade
-memory, speed or output for one another and leave the algorithm alone. Any other change is refused,
-since a run that continues must be the run it started as. Each episode samples from its own random
-stream, so how many episodes share a wave does not decide which draws it gets. Caveat: sums and
-batched matrix products are equal in exact arithmetic, not always in their last floating-point bits
-(a GPU may pick other kernels for other batch shapes), so a continued run can drift from the
-uninterrupted one by rounding."""
+"""Settings a run may change when it continues (train --resume, a rerun of the pipeline): they trade memory,
+speed or output for one another and leave the algorithm alone; any other change is refused, since a run that
+continues must be the run it started as. Each episode samples from its own random stream, so how many share a
+wave does not decide its draws. Sums and batched matrix products are equal in exact arithmetic, not always in
+their last bits (a GPU may pick other kernels for other shapes), so a continued run can drift by rounding."""
 
 WHERE_IT_LIVES = ("out_dir", "name")
 """Where a run lives, not what it is: a run directory moved, copied or named by another path is the same run."""
