@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from seal_mini import runio
 from seal_mini.config import ConfigError, _leaves
-from seal_mini.runio import FileError
 
 TIMEOUT = datetime.timedelta(hours=2)
 """How long a rank waits in a collective for the others. Ranks wait for each other at every gather: while
@@ -128,7 +128,7 @@ def run_command(command_main: Callable[[list[str]], int], argv: list[str]) -> in
         # to it can abort that one (gloo's threads end the process with std::terminate)
         _all_gather(code, "waiting for the other ranks to finish")
         return code
-    except (ConfigError, FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
+    except (ConfigError, runio.FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
         print(f"{'[rank 0] ' if is_main() else ''}error: {e}", file=sys.stderr, flush=True)  # others: prefixed
         handler.record_exception(e)
         return 1 if isinstance(e, RankStopped) else 2
@@ -297,12 +297,10 @@ def check_same_weights(params: list[torch.nn.Parameter]) -> None:
 def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     """runio.run_lock held by rank 0 for the whole job; the other ranks go on once it holds it (or stop
     with its error). In one process: runio.run_lock."""
-    from seal_mini.runio import run_lock as lock
-
     if world_size() == 1:
-        with lock(run_dir, command):
+        with runio.run_lock(run_dir, command):
             yield
         return
     with contextlib.ExitStack() as stack:
-        from_rank0(stack.enter_context, lock(run_dir, command), what="waiting for rank 0 to lock the run")
+        from_rank0(stack.enter_context, runio.run_lock(run_dir, command), what="waiting for rank 0 to lock the run")
         yield
