@@ -752,13 +752,9 @@ def parse_override(text: str) -> dict:
         value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    out: dict = {}
-    node = out
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-    return out
+    for part in reversed(key.strip().split(".")):
+        value = {part: value}
+    return value
 
 
 def _where_it_lives(run_dir: Path) -> dict:

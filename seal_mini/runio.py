@@ -95,9 +95,8 @@ def read_json(path: Path, fix: str = REDO):
 
 
 class YamlLoader(yaml.SafeLoader):
-    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot,
-    no sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one
-    silently winning."""
+    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot, no
+    sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one winning."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -395,8 +394,7 @@ def remove_temporaries(folder: Path) -> list[Path]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            path.unlink(missing_ok=True)
     return found
 
 
@@ -426,8 +424,7 @@ def holder_text(holder: dict) -> str:
 
 
 def _read_holder(fd: int) -> dict | None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    raw = os.read(fd, 65536)
+    raw = os.pread(fd, 65536, 0)
     if not raw.strip():
         return None
     try:
@@ -457,10 +454,10 @@ def writer(run_dir: Path) -> dict | None:
 def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     """Hold run_dir for one command that writes into it.
 
-    The lock is an flock on run_dir/.lock, which the OS releases when its process ends, however it ends;
-    the file records who holds it. A second writer stops at once with a message naming the holder. A
-    record left by a process that ended without releasing (kill -9, power cut) is taken over with a
-    warning, and the temporary files that process left half-written are removed."""
+    The lock is an flock on run_dir/.lock, which the OS releases when its process ends, however it ends; the
+    file records who holds it. A second writer stops at once with a message naming the holder. A record left
+    by a process that ended without releasing (kill -9, power cut) is taken over with a warning, and the
+    temporary files that process left half-written are removed."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK
     made = not run_dir.exists()
@@ -522,9 +519,8 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
 
 
 def open_partial(partial: Path, identity: dict) -> bool:
-    """The folder of a resumable job's finished pieces. Kept if its pieces were made by this very job
-    (same identity: policy, adapter, tasks, settings), emptied otherwise, saying why; returns whether
-    pieces were kept."""
+    """The folder of a resumable job's finished pieces: kept if this very job made them (same identity: policy,
+    adapter, tasks, settings), emptied otherwise, saying why. Returns whether pieces were kept."""
     partial = Path(partial)
     marker = partial / "identity.json"
     identity = json.loads(json.dumps(identity, default=str))  # as it reads back from the file
