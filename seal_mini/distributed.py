@@ -1,24 +1,19 @@
-"""Data-parallel SEAL over several processes, with torch.distributed as torchrun starts it.
+"""Data-parallel SEAL over several processes, with torch.distributed as torchrun starts it (docs/multi_gpu.md).
 
-`torchrun --nproc-per-node N -m seal_mini pipeline RECIPE` (what `SEAL_MINI_GPUS=N bash run.sh RECIPE`
-runs) starts N processes, ranks 0..N-1, one per GPU, each holding the whole policy (the 4-bit base and the
-LoRA). What they split:
-  training    each step's tasks: task k of the step goes to rank k mod N with its G episodes, so a group
-              stays on one rank (its shared prompt prefill). After diagnosis the episodes' outcomes are
-              gathered, so every rank computes the advantages, the profile C_t, Omega_{t+1} and rho one
-              process would; each rank then computes the gradients of its own episodes of each mini-batch,
-              and the token count of the mini-batch and the gradients are summed over the ranks
-              (all-reduce), so every rank takes the optimizer step one process would take.
-  evaluation  the tasks of every piece of work, split the same way; the rows are gathered in task order.
-Rank 0 alone holds the run directory's lock and writes into it. The other ranks' stdout (progress, samples)
-is silenced and their stderr lines start with their rank.
+`torchrun --nproc-per-node N -m seal_mini pipeline RECIPE` (what `SEAL_MINI_GPUS=N bash run.sh RECIPE` runs)
+starts N ranks, one per GPU, each holding the whole policy (the 4-bit base and the LoRA). Training: task k
+of a step goes to rank k mod N with its G episodes, so a group stays on one rank (its shared prompt prefill);
+after diagnosis the episodes' outcomes are gathered, so every rank computes the advantages, the profile C_t,
+Omega_{t+1} and rho one process would; in the update each rank computes the gradients of its own episodes,
+and the mini-batch's token count and the gradients are summed over the ranks (all-reduce), so every rank
+takes the optimizer step one process would. Evaluation splits every piece of work the same way and gathers
+the rows in task order. Rank 0 alone holds the run directory's lock and writes into it; the other ranks'
+stdout is silenced and their stderr lines start with their rank.
 
-Collectives run on gloo for CPU tensors and on NCCL for CUDA tensors ("cpu:gloo,cuda:nccl"); ranks that
-share a GPU use gloo for everything. torchrun's elastic agent watches the processes: when one dies, it stops
-the others and prints a summary naming the rank that failed first and its error.
-
-In one process (no torchrun, or torchrun with one process) torch.distributed is never initialised and
-every collective here is the identity: the kit runs exactly as it does without this module.
+Collectives run on gloo for CPU tensors and on NCCL for CUDA tensors; ranks that share a GPU use gloo for
+everything. When a rank dies, torchrun's elastic agent stops the others and prints a summary naming it and
+its error. In one process torch.distributed is never initialised and every collective here is the identity:
+the kit runs exactly as it does without this module.
 """
 
 from __future__ import annotations
@@ -35,7 +30,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from seal_mini.config import ConfigError
+from seal_mini import runio
+from seal_mini.config import ConfigError, _leaves
 
 TIMEOUT = datetime.timedelta(hours=2)
 """How long a rank waits in a collective for the others. Ranks wait for each other at every gather: while
@@ -123,8 +119,6 @@ def run_command(command_main: Callable[[list[str]], int], argv: list[str]) -> in
     (and into torchrun's error file, so its summary shows it), leave the group."""
     from torch.distributed.elastic.multiprocessing.errors import get_error_handler
 
-    from seal_mini.runio import FileError
-
     handler = get_error_handler()
     handler.initialize()
     start()
@@ -134,7 +128,7 @@ def run_command(command_main: Callable[[list[str]], int], argv: list[str]) -> in
         # to it can abort that one (gloo's threads end the process with std::terminate)
         _all_gather(code, "waiting for the other ranks to finish")
         return code
-    except (ConfigError, FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
+    except (ConfigError, runio.FileError, OSError, RankStopped) as e:  # a setting, a file, a lost rank: one line
         print(f"{'[rank 0] ' if is_main() else ''}error: {e}", file=sys.stderr, flush=True)  # others: prefixed
         handler.record_exception(e)
         return 1 if isinstance(e, RankStopped) else 2
@@ -257,10 +251,8 @@ def from_rank0(fn: Callable, *args, what: str = "waiting for rank 0"):
     with _collective(what):
         dist.broadcast_object_list(box, src=0)
     ok, value = box[0]
-    if error is not None:
-        raise error
     if not ok:
-        raise value
+        raise error if error is not None else value  # rank 0 raises its own error, with its traceback
     return value
 
 
@@ -298,13 +290,6 @@ def check_same_weights(params: list[torch.nn.Parameter]) -> None:
     check_same("adapter weights after the update", {f"tensor {i}": s for i, s in enumerate(sums)})
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        out.update(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return out
-
-
 # --- the run directory ------------------------------------------------------------------------------------
 
 
@@ -312,12 +297,10 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     """runio.run_lock held by rank 0 for the whole job; the other ranks go on once it holds it (or stop
     with its error). In one process: runio.run_lock."""
-    from seal_mini.runio import run_lock as lock
-
     if world_size() == 1:
-        with lock(run_dir, command):
+        with runio.run_lock(run_dir, command):
             yield
         return
     with contextlib.ExitStack() as stack:
-        from_rank0(stack.enter_context, lock(run_dir, command), what="waiting for rank 0 to lock the run")
+        from_rank0(stack.enter_context, runio.run_lock(run_dir, command), what="waiting for rank 0 to lock the run")
         yield

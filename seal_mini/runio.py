@@ -1,16 +1,9 @@
 """The run directory: every file a report needs, written durably and read back through one place.
 
-    <out_dir>/<name>/
-      .lock                   who is writing into the run now (pid, host, command, start); empty when no one
-      config.yaml             resolved config (what actually ran)
-      split.json              train / eval task ids
-      metrics.jsonl           one JSON line per training step (namespaced keys)
-      rounds/step_NNNN.json   interface used, failure profile (label counts, prevalence, success) and rho
-      trajectories/step_NNNN.jsonl.gz   every training trajectory: messages, reward, labels, weight
-      eval/<tag>.json         evaluation results (+ eval/<tag>.trajectories.jsonl.gz)
-      checkpoint/step_NNNN/   adapter, optimizer, scheduler, RNG states, loop state (the two newest steps)
-      adapter/                the trained adapter
-      report/                 report.md and its PNG plots
+<out_dir>/<name>/ holds .lock (who is writing into the run now), config.yaml (the resolved config),
+split.json, metrics.jsonl (a line per training step), rounds/ (interface, failure profile and rho per step),
+trajectories/ (every training trajectory), eval/ (results and their episodes), checkpoint/ (the two newest
+steps), adapter/ and report/; docs/run_dir.md describes each and the guarantees kept here.
 
 Writing: a file goes to a uniquely named temporary sibling, is fsynced, renamed over its target and the
 folder fsynced, so a kill or a power cut leaves the old file or the new one, never half of one; a folder
@@ -102,9 +95,8 @@ def read_json(path: Path, fix: str = REDO):
 
 
 class YamlLoader(yaml.SafeLoader):
-    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot,
-    no sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one
-    silently winning."""
+    """YAML as a recipe means it. Numbers as YAML 1.2 reads them: PyYAML's YAML 1.1 takes `1e-5` (no dot, no
+    sign in the exponent) for a string. A key given twice in one mapping is an error, not the last one winning."""
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -270,8 +262,8 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the entries of a folder (new names, renames) durable."""
+def fsync_path(path: Path) -> None:
+    """Make a file's contents durable, or a folder's entries (new names, renames)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -286,12 +278,8 @@ def fsync_tree(folder: Path) -> None:
     """fsync every file and folder under `folder` (libraries such as peft and torch write without)."""
     for dirpath, _, files in os.walk(folder):
         for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))
 
 
 def make_dirs(folder: Path) -> None:
@@ -302,7 +290,7 @@ def make_dirs(folder: Path) -> None:
         folder = folder.parent
     for new in reversed(missing):
         new.mkdir(exist_ok=True)
-        fsync_dir(new.parent)
+        fsync_path(new.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -321,7 +309,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise
-        fsync_dir(path.parent)
+        fsync_path(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -357,10 +345,8 @@ def write_metrics(run_dir: Path, rows: list[dict]) -> None:
 @contextlib.contextmanager
 def new_dir(final: Path) -> Iterator[Path]:
     """A folder written whole: yields a temporary folder to fill; on success it is made durable and
-    renamed to `final` (replacing an older one), on failure removed, leaving what was there before.
-
-    A failure while writing (disk full, permission denied; torch and safetensors report those as their
-    own errors) raises FileError naming the file under `final` that was being written."""
+    renamed to `final` (replacing an older one), on failure removed, leaving what was there before. A
+    failed write (as `writing` sees one) raises FileError naming the file under `final` being written."""
     from safetensors import SafetensorError
 
     final = Path(final)
@@ -378,7 +364,7 @@ def new_dir(final: Path) -> Iterator[Path]:
                 old = _temporary(final)
                 os.rename(final, old)
             os.rename(tmp, final)
-            fsync_dir(final.parent)
+            fsync_path(final.parent)
             if old is not None:
                 shutil.rmtree(old)
     except FileError as e:  # a writer inside named its file under the temporary name: name it under final
@@ -408,8 +394,7 @@ def remove_temporaries(folder: Path) -> list[Path]:
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            path.unlink(missing_ok=True)
     return found
 
 
@@ -423,8 +408,8 @@ def move_aside(run_dir: Path) -> Path | None:
         aside.mkdir()
         for entry in entries:
             os.rename(entry, aside / entry.name)
-        fsync_dir(aside)
-        fsync_dir(Path(run_dir))
+        fsync_path(aside)
+        fsync_path(Path(run_dir))
     return aside
 
 
@@ -439,8 +424,7 @@ def holder_text(holder: dict) -> str:
 
 
 def _read_holder(fd: int) -> dict | None:
-    os.lseek(fd, 0, os.SEEK_SET)
-    raw = os.read(fd, 65536)
+    raw = os.pread(fd, 65536, 0)
     if not raw.strip():
         return None
     try:
@@ -470,10 +454,10 @@ def writer(run_dir: Path) -> dict | None:
 def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     """Hold run_dir for one command that writes into it.
 
-    The lock is an flock on run_dir/.lock, which the OS releases when its process ends, however it ends;
-    the file records who holds it. A second writer stops at once with a message naming the holder. A
-    record left by a process that ended without releasing (kill -9, power cut) is taken over with a
-    warning, and the temporary files that process left half-written are removed."""
+    The lock is an flock on run_dir/.lock, which the OS releases when its process ends, however it ends; the
+    file records who holds it. A second writer stops at once with a message naming the holder. A record left
+    by a process that ended without releasing (kill -9, power cut) is taken over with a warning, and the
+    temporary files that process left half-written are removed."""
     run_dir = Path(run_dir)
     path = run_dir / LOCK
     made = not run_dir.exists()
@@ -491,12 +475,11 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
                     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
-            for _ in range(50):  # its holder took the lock a moment ago and is writing who it is
+            for _ in range(50):  # its holder took the lock a moment ago and may still be writing who it is
+                holder = _read_holder(fd)
                 if holder:
                     break
                 time.sleep(0.05)
-                holder = _read_holder(fd)
             holder = holder or {}
             raise FileError(
                 f"{run_dir} is in use by {holder_text(holder)}; wait for it to end or stop it "
@@ -513,12 +496,8 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
                 file=sys.stderr,
             )
             remove_temporaries(run_dir)
-        holder = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": command,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        holder = dict(pid=os.getpid(), host=socket.gethostname(), command=command, started=started)
         with writing(path):
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(holder) + "\n").encode("utf-8"), 0)
@@ -540,9 +519,8 @@ def run_lock(run_dir: Path, command: str) -> Iterator[None]:
 
 
 def open_partial(partial: Path, identity: dict) -> bool:
-    """The folder of a resumable job's finished pieces. Kept if its pieces were made by this very job
-    (same identity: policy, adapter, tasks, settings), emptied otherwise, saying why; returns whether
-    pieces were kept."""
+    """The folder of a resumable job's finished pieces: kept if this very job made them (same identity: policy,
+    adapter, tasks, settings), emptied otherwise, saying why. Returns whether pieces were kept."""
     partial = Path(partial)
     marker = partial / "identity.json"
     identity = json.loads(json.dumps(identity, default=str))  # as it reads back from the file
