@@ -99,8 +99,6 @@ class Policy:
 def resolve_backend(cfg: Config, device: torch.device) -> str:
     """The backend `model.backend` resolves to on this machine."""
     wanted = cfg.model.backend
-    has_unsloth = importlib.util.find_spec("unsloth") is not None
-    special = cfg.model.name in (TINY, SCRATCH) or bool(cfg.model.gguf_file) or cfg.sft.enabled
     if wanted == "auto":
         # unsloth replaces the model's forward with an inference path that returns a new KV cache
         # instead of growing the one it is given, which the rollout engine relies on; until that is
@@ -109,12 +107,12 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     if wanted == "unsloth":
         if device.type != "cuda":
             raise ConfigError("model.backend: unsloth needs a CUDA GPU; use model.backend=hf on CPU")
-        if not has_unsloth:
+        if importlib.util.find_spec("unsloth") is None:
             raise ConfigError(
                 "model.backend: unsloth is not installed; pip install -r requirements-gpu.txt -c requirements.txt "
                 "(SEAL_MINI_UNSLOTH=1 bash run.sh does this where a GPU is present) or use model.backend=hf"
             )
-        if special:
+        if cfg.model.name in (TINY, SCRATCH) or cfg.model.gguf_file or cfg.sft.enabled:
             raise ConfigError(
                 "model.backend: unsloth cannot load tiny-random, scratch, GGUF or warm-start models; use model.backend=hf"
             )
@@ -197,7 +195,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
         ) from None
     if not quantize:
         model = model.to(device)
-    if quantize and device.type == "cpu":
+    elif device.type == "cpu":
         # On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights on the first no-grad forward and
         # later backward passes come out wrong; the plain CPU kernel is correct.
         import bitsandbytes as bnb
@@ -240,10 +238,12 @@ def load_tokenizer(name: str, gguf_file: str = ""):
     return tokenizer
 
 
-def use_cpu_threads(cfg: Config) -> None:
-    """Set torch's CPU thread count where the recipe asks for one (cpu_threads)."""
+def _placement(cfg: Config) -> tuple[torch.device, torch.dtype, str]:
+    """(device, compute dtype, why that dtype); torch's CPU threads set where the recipe asks (cpu_threads)."""
+    device = resolve_device(cfg.device)
     if cfg.cpu_threads:
         torch.set_num_threads(cfg.cpu_threads)
+    return device, *compute_dtype(cfg.model.dtype, device)
 
 
 def load_backbone(cfg: Config, corpus: list[str]):
@@ -252,9 +252,7 @@ def load_backbone(cfg: Config, corpus: list[str]):
     versions = supported_versions()
     if versions and not os.environ.get("SEAL_MINI_ANY_VERSIONS"):  # checked before anything loads
         raise ConfigError(f"{versions} (or set SEAL_MINI_ANY_VERSIONS=1 to run on them untested)")
-    device = resolve_device(cfg.device)
-    use_cpu_threads(cfg)
-    dtype, _ = compute_dtype(cfg.model.dtype, device)
+    device, dtype, _ = _placement(cfg)
     model, tokenizer = load_hf_base(cfg, device, dtype, corpus)
     if cfg.model.attn_implementation == "sdpa":
         model.set_attn_implementation(attention.register())
@@ -331,9 +329,7 @@ def _load_unsloth(cfg: Config, dtype: torch.dtype):
 def load_policy(cfg: Config, banner: bool = True) -> Policy:
     """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates;
     prints the start banner (device, dtype, backend, 4-bit, KV budget and slots) unless banner=False."""
-    device = resolve_device(cfg.device)
-    use_cpu_threads(cfg)
-    dtype, dtype_reason = compute_dtype(cfg.model.dtype, device)
+    device, dtype, dtype_reason = _placement(cfg)
     backend = resolve_backend(cfg, device)
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(cfg, dtype)
