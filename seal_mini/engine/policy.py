@@ -28,6 +28,7 @@ import torch
 from seal_mini.config import Config, ConfigError
 from seal_mini.engine import attention
 from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device, supported_versions
+from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.runio import check_model_folder, writing
 
@@ -355,7 +356,6 @@ def is_4bit(model: torch.nn.Module) -> bool:
 
 def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
-    from seal_mini.engine.logprobs import causal_lm
     from seal_mini.engine.rollout import concurrency, kv_budget, slot_bytes
 
     where = (

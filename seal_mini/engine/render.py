@@ -174,10 +174,7 @@ class ChatRenderer:
         self.end_of_turn_text = self.decode([self.end_of_turn_id])
         if not self.close_text.startswith(self.end_of_turn_text):
             raise TemplateError(f"the end of an assistant turn ({self.close_text!r}) does not start with one token")
-        stops = {self.end_of_turn_id, *extra_stop_ids}
-        if tokenizer.eos_token_id is not None:
-            stops.add(tokenizer.eos_token_id)
-        self.stop_ids = frozenset(stops)
+        self.stop_ids = frozenset({self.end_of_turn_id, *extra_stop_ids, tokenizer.eos_token_id} - {None})
         self.bfcl = bfcl = tool_format in SPECIAL_TOKENS
         """BFCL's handler writes the prompts: each anew, with no default system text."""
         self.default_system = {False: "" if bfcl else self._default_system(None)}
