@@ -6,12 +6,8 @@ One function, `load_policy(cfg)`, picks how (`model.backend`):
   hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
            precision on CPU unless model.cpu_4bit.
   auto     hf, for now: unsloth's patched forward does not fit the rollout engine's KV cache.
-Two other policies live in the same model, so there is never a second copy of the base weights:
-  policy.backbone()   the bare backbone, every adapter switched off (evaluation's backbone row, the tau2
-                      user simulator, the judge);
-  policy.reference()  the KL term's reference, the policy the run started from: the backbone when the
-                      adapter is fresh (LoRA B starts at zero, so the two are the same function), and a
-                      frozen copy of the starting adapter when the run starts from one (lora.adapter_path).
+The bare backbone (evaluation's backbone row, the tau2 user simulator, the judge) and the KL term's
+reference (Policy.backbone, Policy.reference) live in the same model: never a second copy of the base weights.
 """
 
 from __future__ import annotations
@@ -76,7 +72,7 @@ class Policy:
     @contextmanager
     def reference(self):
         """Inside this block the model is the KL reference, the policy the run started from (frozen)."""
-        if not self.start_adapter:  # a fresh adapter starts as the backbone
+        if not self.start_adapter:  # LoRA B starts at zero, so a fresh adapter is the backbone
             with self.backbone() as model:
                 yield model
             return
@@ -176,10 +172,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     quantize = cfg.model.load_in_4bit and not cfg.model.gguf_file and (device.type == "cuda" or cfg.model.cpu_4bit)
     if quantize:
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype,
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
         kwargs["device_map"] = {"": str(device)}
     if cfg.model.gguf_file:

@@ -132,7 +132,7 @@ def random_model(
     return model.float().eval()
 
 
-def task_corpus(tasks, chat_template: str = CHAT_TEMPLATE) -> list[str]:
+def task_corpus(tasks) -> list[str]:
     """Texts of a task set as the model will see them: each task's ground truth played through the
     environment and rendered by the chat template (framing, tool block, turns, calls in the model's
     format, outputs), and the tool schemas as a miss_func reveal shows them."""
@@ -142,7 +142,7 @@ def task_corpus(tasks, chat_template: str = CHAT_TEMPLATE) -> list[str]:
     from seal_mini.envs.episode import Episode
     from seal_mini.envs.scripted import ground_truth_turns, play
 
-    template = ImmutableSandboxedEnvironment().from_string(chat_template)
+    template = ImmutableSandboxedEnvironment().from_string(CHAT_TEMPLATE)
     texts = []
     for task in tasks:
         env = Episode(task)
