@@ -342,11 +342,6 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
     return policy
 
 
-def is_4bit(model: torch.nn.Module) -> bool:
-    """Whether the base weights are bitsandbytes 4-bit."""
-    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
-
-
 def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
     from seal_mini.engine.rollout import concurrency, kv_budget, slot_bytes
@@ -358,6 +353,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     )
     per_slot = slot_bytes(causal_lm(policy.model).config, policy.dtype, cfg.rollout.max_total_tokens)
     budget, source = kv_budget(policy, cfg.rollout)
+    four_bit = any(type(m).__name__ == "Linear4bit" for m in policy.model.modules())  # bitsandbytes base weights
     wave = cfg.train.tasks_per_step * cfg.rollout.group_size
     slots = concurrency(policy, cfg.rollout, wave)
     if cfg.rollout.max_concurrent:
@@ -366,7 +362,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
         kv = f"KV budget {budget / 2**30:.2f} GB ({source})"
     return (
         f"[device] {where} | {policy.dtype} ({dtype_reason}) | backend {policy.backend} | "
-        f"4-bit {'nf4' if is_4bit(policy.model) else 'no'} | {kv} -> {slots} slots of "
+        f"4-bit {'nf4' if four_bit else 'no'} | {kv} -> {slots} slots of "
         f"{cfg.rollout.max_total_tokens} tokens for a round of {wave} episodes"
     )
 

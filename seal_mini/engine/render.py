@@ -58,11 +58,6 @@ SPECIAL_TOKENS = {
 """What a tokenizer must hold as single tokens for BFCL's prompts."""
 
 
-def chat_tool(tool: dict) -> dict:
-    """A tool as a chat template expects it: a chat-template dict as is, a BFCL doc converted."""
-    return tool if tool.get("type") == "function" else to_chat_tool(tool)
-
-
 def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool, next_role: str = "") -> str:
     """BFCL's Qwen prompt for a conversation. BFCL writes only prompts, which end by asking for the next
     message; a conversation that ends with an assistant message is the text of the prompt that would
@@ -188,7 +183,7 @@ class ChatRenderer:
             return bfcl_text(messages, tools, add_generation_prompt)
         if self.tool_format == "bfcl_llama":
             return llama_text(messages, tools, add_generation_prompt)
-        tools = [chat_tool(t) for t in tools or []]
+        tools = [t if t.get("type") == "function" else to_chat_tool(t) for t in tools or []]  # BFCL docs converted
         if self.tool_format == "prompt":
             messages, tools = to_prompt_mode(messages, tools), None
         if messages and messages[0].get(KEEP_DEFAULT_SYSTEM):
