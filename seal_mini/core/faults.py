@@ -32,16 +32,20 @@ plan = ground_truth_effects
 """The ground truth's calls per turn (PlannedCall), each marked by whether it changes the public state."""
 
 
+def _offered(task: Task, turn: int) -> dict[str, dict]:
+    """Tool name -> chat-template tool of the tools offered at a turn (held-out ones from their reveal)."""
+    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
+    return {d["name"]: to_chat_tool(d) for d in docs}
+
+
 def offered_schemas(task: Task, turn: int) -> dict[str, dict]:
     """Tool name -> JSON-schema parameters of the tools offered at a turn."""
-    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
-    return {d["name"]: to_chat_tool(d)["function"]["parameters"] for d in docs}
+    return {name: tool["function"]["parameters"] for name, tool in _offered(task, turn).items()}
 
 
 def _fits(task: Task, turn: int, calls: list[PlannedCall]) -> list[bool]:
     """Whether each call fits the tools offered at a turn (offered, arguments as the schema says)."""
-    docs = list(task.tools) + [d for t, ds in task.held_out.items() if t <= turn for d in ds]
-    tools = {d["name"]: to_chat_tool(d) for d in docs}
+    tools = _offered(task, turn)
     out = []
     for c in calls:
         checked = validate_call({"name": c.name, "arguments": c.arguments}, tools)
@@ -118,16 +122,6 @@ def turn_messages(blocks: list[str], parallel: bool = False, final: str | None =
 
 def as_pairs(calls: list[PlannedCall]) -> list[tuple[str, dict]]:
     return [(c.name, dict(c.arguments)) for c in calls]
-
-
-def _malformed(task, p, turn, rng):
-    if not p[turn]:
-        return None
-    calls = as_pairs(p[turn])
-    i = rng.randrange(len(calls))
-    blocks = call_blocks(calls)
-    blocks[i] = damaged(*calls[i], "broken")
-    return blocks, f"{calls[i][0]} broken"
 
 
 def _not_offered(task, p, turn, rng):
@@ -247,13 +241,7 @@ def _changing_here(task: Task, p: list[list[PlannedCall]], turn: int, i: int, ca
     """The candidates that change their back end's public state when run in place of call i of the turn,
     after the ground truth up to it (a call that changed state at its own turn may not here: a login
     already done, a precondition not met yet)."""
-    instances = new_instances(task)
-    methods = public_methods(instances)
-    for c in [c for calls in p[:turn] for c in calls] + p[turn][:i]:
-        try:
-            methods[c.name](**copy.deepcopy(c.arguments))
-        except Exception:  # noqa: BLE001 - the episode runs it the same way
-            pass
+    instances = _replayed(task, [c for calls in p[:turn] for c in calls] + p[turn][:i])
     out = []
     for c in candidates:
         method = public_methods(copy.deepcopy(instances))[c.name]
@@ -359,13 +347,20 @@ def _call_outcome(methods: dict, name: str, arguments: dict) -> tuple[str, bool]
     return format_output(result), isinstance(result, dict) and "error" in result
 
 
+def _replayed(task: Task, calls: list[PlannedCall]) -> dict[str, object]:
+    """A task's fresh back ends after running `calls` on them (a call that raises, as in an episode)."""
+    instances = new_instances(task)
+    methods = public_methods(instances)
+    for c in calls:
+        _call_outcome(methods, c.name, c.arguments)
+    return instances
+
+
 def _run_turn(task: Task, p: list[list[PlannedCall]], turn: int, calls: list[tuple[str, dict]]):
     """The ground truth of the turns before `turn`, then `calls`: each call's outcome (_call_outcome) and the
     public state after them."""
-    instances = new_instances(task)
+    instances = _replayed(task, [c for earlier in p[:turn] for c in earlier])
     methods = public_methods(instances)
-    for c in [c for earlier in p[:turn] for c in earlier]:
-        _call_outcome(methods, c.name, c.arguments)
     outcomes = [_call_outcome(methods, name, arguments) for name, arguments in calls]
     return outcomes, {cls: public_state(instance) for cls, instance in instances.items()}
 
@@ -436,8 +431,9 @@ def _failing(task, p, turn, rng):
     return call_blocks(calls), note
 
 
-def _written(form: str):
-    """A builder that writes one call of the turn in a form BFCL's decoder does not read."""
+def _written(form: str, note: str = ""):
+    """A builder that writes one call of the turn in a form BFCL's decoder does not read (`damaged`); the
+    note says "NAME written FORM" unless given."""
 
     def build(task, p, turn, rng):
         if not p[turn]:
@@ -446,7 +442,7 @@ def _written(form: str):
         i = rng.randrange(len(calls))
         blocks = call_blocks(calls)
         blocks[i] = damaged(*calls[i], form)
-        return blocks, f"{calls[i][0]} written {form}"
+        return blocks, f"{calls[i][0]} {note or 'written ' + form}"
 
     return build
 
@@ -486,7 +482,7 @@ def _repaired_failing(task, p, turn, rng):
 
 
 BUILDERS = {
-    "malformed_call": _malformed,
+    "malformed_call": _written("broken", note="broken"),
     "tool_not_offered": _not_offered,
     "missing_required_argument": _argument_fault(_drop_required),
     "wrong_argument_type": _argument_fault(_retype),

@@ -1,21 +1,14 @@
-"""Where the model runs, in what precision, and how much memory it may use there.
+"""Where the model runs, in what precision, and how much memory it may use there: the machine, not the method.
 
-Everything here is about the machine, not the method:
-  resolve_device   cuda when torch can use a GPU. A GPU that nvidia-smi sees but torch cannot use is an
-                   error naming the driver / torch CUDA build mismatch and its fix: training a 3B model
-                   on the CPU by accident would look like a run that is merely slow.
-  compute_dtype    bfloat16 only on GPUs with bf16 arithmetic (Ampere and newer); the reason is printed.
-  free_bytes       GPU memory this process may still use, within the cap `cap_memory` sets (preflight
-                   uses it to stand a large card in for a 16 or 24 GB one).
-  until_it_fits    the one out-of-memory retry: try, and after an out-of-memory error free the memory,
-                   shrink a setting and try again (rollout waves and the update both use it).
-  MemoryLimits     the smaller settings such an error left, for the rest of the process.
-  peak_memory      peak allocated / reserved GPU memory since `reset_peak`, or the CPU process's resident peak.
-The CUDA allocator setting the command line starts with is in seal_mini/__main__.py.
+A GPU that nvidia-smi sees but torch cannot use is an error naming the mismatch and its fix (resolve_device):
+training a 3B model on the CPU by accident would look like a run that is merely slow. An out-of-memory error
+shrinks a setting and tries again (until_it_fits); MemoryLimits keeps the smaller settings for the rest of
+the process. The CUDA allocator setting the command line starts with is in seal_mini/__main__.py.
 """
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
 import subprocess
@@ -207,15 +200,6 @@ def peak_memory(device: torch.device) -> dict:
     return {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 
 
-def release_memory(device: torch.device) -> None:
-    """Give memory freed by a failed attempt back before the next, smaller one."""
-    import gc
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 T = TypeVar("T")
 
 
@@ -230,7 +214,9 @@ def until_it_fits(attempt: Callable[[], T], shrink: Callable[[], None], device: 
         except torch.OutOfMemoryError:
             pass
         shrink()
-        release_memory(device)
+        gc.collect()  # give the failed try's memory back before the next, smaller one
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 @dataclass

@@ -60,8 +60,7 @@ def token_logprobs_and_entropy(
     decoder = lm.get_decoder()
     hidden = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-    # hidden: (B, T, H)
+    ).last_hidden_state  # (B, T, H)
     head = lm.get_output_embeddings()
     rows, cols = loss_mask.nonzero(as_tuple=True)  # (N,), (N,): the tokens to score
     pieces = []
@@ -74,11 +73,8 @@ def token_logprobs_and_entropy(
         else:
             pieces.append(_chunk_stats(h, targets, head, temperature))
     stats = torch.cat(pieces) if pieces else hidden.new_zeros(0, 2, dtype=torch.float32)  # (N, 2)
-    logp = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    entropy = torch.zeros_like(logp)
-    logp = logp.index_put((rows, cols), stats[:, 0])
-    entropy = entropy.index_put((rows, cols), stats[:, 1])
-    return logp, entropy
+    zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)  # (B, T)
+    return zeros.index_put((rows, cols), stats[:, 0]), zeros.index_put((rows, cols), stats[:, 1])
 
 
 def token_logprobs(

@@ -6,12 +6,8 @@ One function, `load_policy(cfg)`, picks how (`model.backend`):
   hf       transformers + peft LoRA; bitsandbytes 4-bit NF4 base weights on a GPU (QLoRA), full
            precision on CPU unless model.cpu_4bit.
   auto     hf, for now: unsloth's patched forward does not fit the rollout engine's KV cache.
-Two other policies live in the same model, so there is never a second copy of the base weights:
-  policy.backbone()   the bare backbone, every adapter switched off (evaluation's backbone row, the tau2
-                      user simulator, the judge);
-  policy.reference()  the KL term's reference, the policy the run started from: the backbone when the
-                      adapter is fresh (LoRA B starts at zero, so the two are the same function), and a
-                      frozen copy of the starting adapter when the run starts from one (lora.adapter_path).
+The bare backbone (evaluation's backbone row, the tau2 user simulator, the judge) and the KL term's
+reference (Policy.backbone, Policy.reference) live in the same model: never a second copy of the base weights.
 """
 
 from __future__ import annotations
@@ -28,6 +24,7 @@ import torch
 from seal_mini.config import Config, ConfigError
 from seal_mini.engine import attention
 from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device, supported_versions
+from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.runio import check_model_folder, writing
 
@@ -75,7 +72,7 @@ class Policy:
     @contextmanager
     def reference(self):
         """Inside this block the model is the KL reference, the policy the run started from (frozen)."""
-        if not self.start_adapter:  # a fresh adapter starts as the backbone
+        if not self.start_adapter:  # LoRA B starts at zero, so a fresh adapter is the backbone
             with self.backbone() as model:
                 yield model
             return
@@ -99,8 +96,6 @@ class Policy:
 def resolve_backend(cfg: Config, device: torch.device) -> str:
     """The backend `model.backend` resolves to on this machine."""
     wanted = cfg.model.backend
-    has_unsloth = importlib.util.find_spec("unsloth") is not None
-    special = cfg.model.name in (TINY, SCRATCH) or bool(cfg.model.gguf_file) or cfg.sft.enabled
     if wanted == "auto":
         # unsloth replaces the model's forward with an inference path that returns a new KV cache
         # instead of growing the one it is given, which the rollout engine relies on; until that is
@@ -109,12 +104,12 @@ def resolve_backend(cfg: Config, device: torch.device) -> str:
     if wanted == "unsloth":
         if device.type != "cuda":
             raise ConfigError("model.backend: unsloth needs a CUDA GPU; use model.backend=hf on CPU")
-        if not has_unsloth:
+        if importlib.util.find_spec("unsloth") is None:
             raise ConfigError(
                 "model.backend: unsloth is not installed; pip install -r requirements-gpu.txt -c requirements.txt "
                 "(SEAL_MINI_UNSLOTH=1 bash run.sh does this where a GPU is present) or use model.backend=hf"
             )
-        if special:
+        if cfg.model.name in (TINY, SCRATCH) or cfg.model.gguf_file or cfg.sft.enabled:
             raise ConfigError(
                 "model.backend: unsloth cannot load tiny-random, scratch, GGUF or warm-start models; use model.backend=hf"
             )
@@ -177,10 +172,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
     quantize = cfg.model.load_in_4bit and not cfg.model.gguf_file and (device.type == "cuda" or cfg.model.cpu_4bit)
     if quantize:
         kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype,
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
         kwargs["device_map"] = {"": str(device)}
     if cfg.model.gguf_file:
@@ -197,7 +189,7 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
         ) from None
     if not quantize:
         model = model.to(device)
-    if quantize and device.type == "cpu":
+    elif device.type == "cpu":
         # On CPUs with AVX512-BF16, bitsandbytes repacks 4-bit weights on the first no-grad forward and
         # later backward passes come out wrong; the plain CPU kernel is correct.
         import bitsandbytes as bnb
@@ -240,10 +232,12 @@ def load_tokenizer(name: str, gguf_file: str = ""):
     return tokenizer
 
 
-def use_cpu_threads(cfg: Config) -> None:
-    """Set torch's CPU thread count where the recipe asks for one (cpu_threads)."""
+def _placement(cfg: Config) -> tuple[torch.device, torch.dtype, str]:
+    """(device, compute dtype, why that dtype); torch's CPU threads set where the recipe asks (cpu_threads)."""
+    device = resolve_device(cfg.device)
     if cfg.cpu_threads:
         torch.set_num_threads(cfg.cpu_threads)
+    return device, *compute_dtype(cfg.model.dtype, device)
 
 
 def load_backbone(cfg: Config, corpus: list[str]):
@@ -252,9 +246,7 @@ def load_backbone(cfg: Config, corpus: list[str]):
     versions = supported_versions()
     if versions and not os.environ.get("SEAL_MINI_ANY_VERSIONS"):  # checked before anything loads
         raise ConfigError(f"{versions} (or set SEAL_MINI_ANY_VERSIONS=1 to run on them untested)")
-    device = resolve_device(cfg.device)
-    use_cpu_threads(cfg)
-    dtype, _ = compute_dtype(cfg.model.dtype, device)
+    device, dtype, _ = _placement(cfg)
     model, tokenizer = load_hf_base(cfg, device, dtype, corpus)
     if cfg.model.attn_implementation == "sdpa":
         model.set_attn_implementation(attention.register())
@@ -331,9 +323,7 @@ def _load_unsloth(cfg: Config, dtype: torch.dtype):
 def load_policy(cfg: Config, banner: bool = True) -> Policy:
     """The backbone with a LoRA adapter, on the configured device, ready for rollouts and updates;
     prints the start banner (device, dtype, backend, 4-bit, KV budget and slots) unless banner=False."""
-    device = resolve_device(cfg.device)
-    use_cpu_threads(cfg)
-    dtype, dtype_reason = compute_dtype(cfg.model.dtype, device)
+    device, dtype, dtype_reason = _placement(cfg)
     backend = resolve_backend(cfg, device)
     if backend == "unsloth":
         model, tokenizer = _load_unsloth(cfg, dtype)
@@ -352,14 +342,8 @@ def load_policy(cfg: Config, banner: bool = True) -> Policy:
     return policy
 
 
-def is_4bit(model: torch.nn.Module) -> bool:
-    """Whether the base weights are bitsandbytes 4-bit."""
-    return any(type(m).__name__ == "Linear4bit" for m in model.modules())
-
-
 def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     """One line saying where and how the model runs: device, dtype and why, backend, 4-bit, KV budget, slots."""
-    from seal_mini.engine.logprobs import causal_lm
     from seal_mini.engine.rollout import concurrency, kv_budget, slot_bytes
 
     where = (
@@ -369,6 +353,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
     )
     per_slot = slot_bytes(causal_lm(policy.model).config, policy.dtype, cfg.rollout.max_total_tokens)
     budget, source = kv_budget(policy, cfg.rollout)
+    four_bit = any(type(m).__name__ == "Linear4bit" for m in policy.model.modules())  # bitsandbytes base weights
     wave = cfg.train.tasks_per_step * cfg.rollout.group_size
     slots = concurrency(policy, cfg.rollout, wave)
     if cfg.rollout.max_concurrent:
@@ -377,7 +362,7 @@ def start_banner(policy: Policy, cfg: Config, dtype_reason: str) -> str:
         kv = f"KV budget {budget / 2**30:.2f} GB ({source})"
     return (
         f"[device] {where} | {policy.dtype} ({dtype_reason}) | backend {policy.backend} | "
-        f"4-bit {'nf4' if is_4bit(policy.model) else 'no'} | {kv} -> {slots} slots of "
+        f"4-bit {'nf4' if four_bit else 'no'} | {kv} -> {slots} slots of "
         f"{cfg.rollout.max_total_tokens} tokens for a round of {wave} episodes"
     )
 

@@ -1,28 +1,18 @@
-"""Messages -> text -> token ids, through BFCL's Qwen handler or the tokenizer's own chat template.
+"""Messages -> text -> token ids, through BFCL's own prompt code or the tokenizer's chat template.
 
 Four ways to write the prompt (`model.tool_format`):
-  bfcl:     BFCL's Qwen FC handler writes it, with its own code (QwenFCHandler._format_prompt, see
-            seal_mini.envs.harness.bfcl_prompt): what BFCL shows a Qwen model, token for token, given
-            the same messages (no default system text, tools as BFCL's docs, assistant messages as
-            BFCL's chat history keeps them). Needs a ChatML tokenizer.
-  bfcl_llama: BFCL's LlamaHandler writes it (its system prompt with the tools, then Llama 3's headers;
-            seal_mini.envs.harness.llama_prompt): what BFCL shows ToolACE-2-8B. Needs a Llama 3 tokenizer.
-  template: the template renders them (`apply_chat_template(tools=...)`, as Qwen2.5, Llama 3.1 and
-            ToolACE do);
-  prompt:   for templates without tool support, seal_mini writes the tool block into the system
-            message itself and hands tool results back as user messages in <tool_response> tags.
-Tools come as BFCL docs (a BFCL episode's) or as chat-template dicts (tau2's); the last two modes show
-BFCL docs as chat-template dicts (seal_mini.envs.bfcl.to_chat_tool).
+  bfcl:       BFCL's Qwen FC handler writes it with its own code (seal_mini.envs.harness.bfcl_prompt):
+              what BFCL shows a Qwen model, token for token. Needs a ChatML tokenizer.
+  bfcl_llama: BFCL's LlamaHandler writes it (seal_mini.envs.harness.llama_prompt): what BFCL shows
+              ToolACE-2-8B. Needs a Llama 3 tokenizer.
+  template:   the template renders them (`apply_chat_template(tools=...)`, as Qwen2.5, Llama 3.1 and
+              ToolACE do);
+  prompt:     for templates without tool support, seal_mini writes the tool block into the system
+              message and hands tool results back as user messages in <tool_response> tags.
+Tools come as BFCL docs or as chat-template dicts (tau2's); the last two modes convert BFCL docs.
 
-The rollout engine never re-tokenizes what the model sampled. After a model call it only needs the
-tokens that come next (the end of the assistant turn, tool results, the next user turn, the start of
-the next assistant turn): `continuation` renders the longer conversation and tokenizes just the text
-beyond what the episode's tokens already spell.
-
-Many templates write a default system text when a conversation has no system message (Qwen2.5: "You are
-Qwen, created by Alibaba Cloud. You are a helpful assistant."), and a system message replaces it. The
-training-time interface's note must add to the prompt, not swap that text out, so the renderer learns the
-default once (`default_system`) and writes a system message marked KEEP_DEFAULT_SYSTEM after it.
+The rollout engine never re-tokenizes what the model sampled: `continuation` renders the longer
+conversation and tokenizes just the text beyond what the episode's tokens already spell.
 """
 
 from __future__ import annotations
@@ -66,11 +56,6 @@ SPECIAL_TOKENS = {
     "bfcl_llama": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
 }
 """What a tokenizer must hold as single tokens for BFCL's prompts."""
-
-
-def chat_tool(tool: dict) -> dict:
-    """A tool as a chat template expects it: a chat-template dict as is, a BFCL doc converted."""
-    return tool if tool.get("type") == "function" else to_chat_tool(tool)
 
 
 def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool, next_role: str = "") -> str:
@@ -127,16 +112,14 @@ def to_prompt_mode(messages: list[dict], tools: list[dict]) -> list[dict]:
         system = block
     if system:
         out.append({"role": "system", "content": system})
-    for m in rest:
+    for k, m in enumerate(rest):
+        wrapped = f"<tool_response>\n{m['content']}\n</tool_response>"
         if m["role"] != "tool":
             out.append({"role": m["role"], "content": m["content"]})
-            continue
-        wrapped = f"<tool_response>\n{m['content']}\n</tool_response>"
-        if out and out[-1].get("_tool"):
+        elif k and rest[k - 1]["role"] == "tool":
             out[-1]["content"] += "\n" + wrapped
         else:
-            out.append({"role": "user", "content": wrapped, "_tool": True})
-    out = [{"role": m["role"], "content": m["content"]} for m in out]
+            out.append({"role": "user", "content": wrapped})
     if messages and messages[0].get(KEEP_DEFAULT_SYSTEM) and not block:
         out[0][KEEP_DEFAULT_SYSTEM] = True  # the system message is still the note alone: keep the default before it
     return out
@@ -186,10 +169,7 @@ class ChatRenderer:
         self.end_of_turn_text = self.decode([self.end_of_turn_id])
         if not self.close_text.startswith(self.end_of_turn_text):
             raise TemplateError(f"the end of an assistant turn ({self.close_text!r}) does not start with one token")
-        stops = {self.end_of_turn_id, *extra_stop_ids}
-        if tokenizer.eos_token_id is not None:
-            stops.add(tokenizer.eos_token_id)
-        self.stop_ids = frozenset(stops)
+        self.stop_ids = frozenset({self.end_of_turn_id, *extra_stop_ids, tokenizer.eos_token_id} - {None})
         self.bfcl = bfcl = tool_format in SPECIAL_TOKENS
         """BFCL's handler writes the prompts: each anew, with no default system text."""
         self.default_system = {False: "" if bfcl else self._default_system(None)}
@@ -203,7 +183,7 @@ class ChatRenderer:
             return bfcl_text(messages, tools, add_generation_prompt)
         if self.tool_format == "bfcl_llama":
             return llama_text(messages, tools, add_generation_prompt)
-        tools = [chat_tool(t) for t in tools or []]
+        tools = [t if t.get("type") == "function" else to_chat_tool(t) for t in tools or []]  # BFCL docs converted
         if self.tool_format == "prompt":
             messages, tools = to_prompt_mode(messages, tools), None
         if messages and messages[0].get(KEEP_DEFAULT_SYSTEM):

@@ -1,34 +1,31 @@
 """Batched multi-turn rollouts: the model work of many episodes at once, on one KV cache.
 
-What an episode's tokens, loss_mask and old log-probs are is the business of seal_mini.engine.sequences
-(`Sequences`: the bookkeeping, no model) and is spelled out for one episode, one full forward per token,
-in tests/reference.py; tests/test_reference.py checks that this engine produces the same. Here
-`_Batch` does the batched model work (slots, prefill, decode, sampling across rows) and `_Engine.run`
-joins it to the bookkeeping.
+What an episode's tokens, loss_mask and old log-probs are is seal_mini.engine.sequences' business (no model
+there), spelled out for one episode, one full forward per token, in tests/reference.py, which
+tests/test_reference.py checks this engine against. Here `_Batch` does the batched model work (slots,
+prefill, decode, sampling across rows) and `_Engine.run` joins it to the bookkeeping.
 
 How the work is scheduled:
   - Slots. The KV cache is one block allocated once per call, (layers, K/V, slots, KV heads,
     max_total_tokens, head dim): each live episode owns a slot with room for the longest sequence it
-    may grow to, and its keys and values are written into it in place. So the cache holds its budget
-    and nothing more whatever the mix of lengths; no batch is ever rebuilt by copying caches. The
-    number of slots comes from rollout.kv_budget_gb (or rollout.max_concurrent); when an episode
-    ends, the next waiting one takes its slot.
-  - Cache reuse. A live episode keeps its cache across its model calls, so every token of its
-    sequence goes through the model once; the G samples of a task share one prefill of their prompt
-    (copied from slot to slot).
+    may grow to, written in place. So the cache holds its budget and nothing more whatever the mix of
+    lengths, and no batch is ever rebuilt by copying caches. The number of slots comes from
+    rollout.kv_budget_gb (or rollout.max_concurrent); when an episode ends, the next one takes its slot.
+  - Cache reuse. A live episode keeps its cache across its model calls, so every token of its sequence
+    goes through the model once; the G samples of a task share one prefill of their prompt.
   - Batching. All live episodes decode together, one token each per forward, over slots 0..n-1 (when
     one ends, the one in the last slot moves into its place). One that finishes a message steps its
     environment, its new tokens are prefilled (batched with others of similar length) and it decodes
     again, so no episode waits for the slowest message of the batch.
-  - Sampling. Each episode draws from its own random stream, seeded by (seed, task, sample), so what
-    it samples does not depend on how many episodes run beside it, nor on which rank runs it.
-  - Out of GPU memory. The call keeps the episodes that finished, halves the slots and runs the rest
-    again from their start (same streams, so the same samples), saying what shrank.
+  - Sampling. Each episode draws from its own random stream, seeded by (seed, task, sample), so what it
+    samples depends neither on the episodes beside it nor on the rank that runs it.
+  - Out of GPU memory. The finished episodes are kept, the slots halve and the rest run again from
+    their start (same streams, so the same samples), saying what shrank.
   - Hybrid models (Qwen3.5: three of every four layers gated delta-net linear attention). A slot also
     holds each linear layer's recurrent state and the last inputs of its causal convolution, a fixed
-    size whatever the length; only the full-attention layers have keys and values. A recurrent state
-    sums everything it was given, padding too, so these models prefill one episode per forward, and a
-    prompt's state is shared with the next sample only where it stands exactly at the shared prefix.
+    size whatever the length. A recurrent state sums everything it was given, padding too, so these
+    models prefill one episode per forward, and a prompt's state is shared with the next sample only
+    where it stands exactly at the shared prefix.
 """
 
 from __future__ import annotations
@@ -429,7 +426,7 @@ class _Batch:
                         self.kv.copy(source.slot, live.slot, shared)
                     live.cached = shared
             self.owner[live.slot] = live
-            self._prefill_alone(live)  # a prompt of thousands of tokens keeps the device busy by itself
+            self._prefill_rows([live])  # a prompt of thousands of tokens keeps the device busy by itself
             self.last_prompt = live
         # Tool results and next user turns: batched with others of similar length (at most twice as
         # long, plus a little), so padding stays small.
@@ -454,16 +451,10 @@ class _Batch:
             self._prefill_rows(chunk)
 
     def _prefill_rows(self, lives: list[_Live]) -> None:
-        """Episodes' new tokens in one forward, or one episode's in as many pieces as it needs."""
-        if len(lives) == 1:
-            self._prefill_alone(lives[0])  # longer than prefill_tokens (say, after an out-of-memory halving)
-        else:
+        """Episodes' new tokens in one forward (prefill() sized the chunk), or one episode's in pieces of at
+        most prefill_tokens (bounds the activations; a prompt, or tokens after an out-of-memory halving)."""
+        while any(live.pending for live in lives):
             self._prefill_chunk(lives)
-
-    def _prefill_alone(self, live: _Live) -> None:
-        """One episode's new tokens, in pieces of at most prefill_tokens (bounds the activations)."""
-        while live.pending:
-            self._prefill_chunk([live])
 
     def _prefill_chunk(self, lives: list[_Live]) -> None:
         limit = self.prefill_tokens if len(lives) == 1 else None  # a chunk of several is sized by prefill()

@@ -1,13 +1,10 @@
 """Models built from scratch, offline: a byte-level BPE tokenizer trained on a corpus, a chat template
-of our own that renders tools, and a Qwen2 model with random weights sized from the config.
+of our own that renders tools, and a Qwen2 with random weights (also the tiny test model's, tiny.py).
 
-`model.name: scratch` builds one of these from `model.scratch` (sizes) and the run's training tasks
-(the tokenizer's corpus: their tool docs, user turns, ground-truth calls and tool outputs, and the
-interface's cue texts, so a cue the loop switches on tokenizes as compactly as the rest). It is what
-the practice recipe starts from: supervised fine-tuning (seal_mini/training/sft.py) turns it into the warm start.
-The tiny test model (`tiny-random`, seal_mini/engine/tiny.py) is built by the same functions.
-Byte-level BPE decodes any id sequence back to the exact text it came from, which the rollout engine
-relies on. Same corpus, sizes and seed: same tokenizer and weights.
+`model.name: scratch` builds one from `model.scratch` (sizes) and the run's training tasks, the interface's
+cue texts included, so a cue the loop switches on tokenizes as compactly as the rest; the practice recipe
+starts from it and the warm start (seal_mini/training/sft.py) trains it. Byte-level BPE decodes any ids back
+to the exact text, which the rollout engine relies on. Same corpus, sizes and seed: same tokenizer and weights.
 """
 
 from __future__ import annotations
@@ -30,11 +27,9 @@ MESSAGES_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-# Our own ChatML-style template with a compact tool block: one line per tool (name and description),
-# one line per parameter (type, whether it is required, description), so that a prompt stays a few
-# hundred tokens. Tool results are messages of role "tool". Every message is rendered on its own, so
-# rendering a conversation and then a longer one gives the first text as a prefix of the second,
-# which the rollout engine relies on.
+# Our own ChatML-style template with a compact tool block (a line per tool, a line per parameter), so a
+# prompt stays a few hundred tokens. Tool results are messages of role "tool". Every message is rendered on
+# its own, so a conversation's text is a prefix of a longer one's, which the rollout engine relies on.
 CHAT_TEMPLATE = (
     "{%- set has_system = messages|length > 0 and messages[0]['role'] == 'system' -%}"
     "{%- if has_system or tools -%}"
@@ -137,7 +132,7 @@ def random_model(
     return model.float().eval()
 
 
-def task_corpus(tasks, chat_template: str = CHAT_TEMPLATE) -> list[str]:
+def task_corpus(tasks) -> list[str]:
     """Texts of a task set as the model will see them: each task's ground truth played through the
     environment and rendered by the chat template (framing, tool block, turns, calls in the model's
     format, outputs), and the tool schemas as a miss_func reveal shows them."""
@@ -147,7 +142,7 @@ def task_corpus(tasks, chat_template: str = CHAT_TEMPLATE) -> list[str]:
     from seal_mini.envs.episode import Episode
     from seal_mini.envs.scripted import ground_truth_turns, play
 
-    template = ImmutableSandboxedEnvironment().from_string(chat_template)
+    template = ImmutableSandboxedEnvironment().from_string(CHAT_TEMPLATE)
     texts = []
     for task in tasks:
         env = Episode(task)

@@ -6,33 +6,27 @@ Each episode is one growing token sequence:
     with their sampling-time log-probs                                   loss_mask 1
   whatever the chat template puts next: the end of the turn if the message was cut, tool results,
     the next user turn, the start of the next assistant turn             loss_mask 0
-Observation tokens come from rendering the whole conversation with the chat template and tokenizing
-only the text beyond what the sequence already spells (seal_mini.engine.render.ChatRenderer.continuation), so
-decoding a finished sequence gives the template's rendering of the episode's messages.
+What follows a message is the template's rendering of the longer conversation beyond the text the sequence
+already spells (ChatRenderer.continuation), so a finished sequence decodes to the episode's rendering.
 
-BFCL's handlers write every prompt anew from their chat history, which keeps a message as the handler
-read it: a thinking model's reasoning only until the next user turn, calls re-written from their JSON. Where
+BFCL's handlers write every prompt anew from their chat history, which keeps a message as the handler read
+it (a thinking model's reasoning only until the next user turn, calls re-written from their JSON). Where
 that history no longer spells the tokens sampled, the episode goes on in a new segment (Trajectory.segments)
-that starts from the prompt BFCL writes, so every prompt the model answers is BFCL's. The segments lie one
-after the other in input_ids; each is a sequence of its own for the model (its positions start at 0) and a
-row of its own in the update; max_total_tokens bounds each segment (max_prompt_tokens the first prompt,
-max_response_tokens the episode's sampled tokens).
+that starts from the prompt BFCL writes, so every prompt the model answers is BFCL's. Each segment is a
+sequence of its own for the model (positions from 0) and a row of its own in the update.
 
 The length limits (rollout.*). A prompt over max_prompt_tokens, or without room for one token under
-max_total_tokens, gives an empty, truncated trajectory. A message may sample max_new_tokens; one cut there
-gets the template's end-of-turn token (loss_mask 0) and goes to the environment as it is (n_cut). A
-message cut sooner by max_response_tokens or max_total_tokens ends the episode (truncated), and so do
-reaching max_response_tokens at the end of a message and an answer of the environment that would leave
-no room for one more token. Room for the template's closing
-tokens is always kept, so a sequence ends as the template ends a conversation. An environment that raises
-on a message (a defect: Episode.step answers anything a model writes) ends that episode as truncated, with
-a warning, so one message never ends a training run.
+max_total_tokens (which bounds each segment), gives an empty, truncated trajectory. A message cut at
+max_new_tokens gets the template's end-of-turn token (loss_mask 0) and goes to the environment as it is
+(n_cut). A message cut sooner by max_response_tokens (the episode's sampled tokens) or max_total_tokens
+ends the episode (truncated), as do reaching max_response_tokens at the end of a message and an answer
+that leaves no room for one more token. Room for the template's closing tokens is always kept. An
+environment that raises on a message (a defect) ends that episode truncated, with a warning, so one
+message never ends a training run.
 
-This module is the bookkeeping of that sequence and nothing else: no model runs here. `Sequences` lays
-an episode's tokens down (prompt, sampled tokens, what the environment answers) within the length
-limits; seal_mini.engine.rollout runs the model for many episodes at once and calls it, and
-tests/reference.py spells the same rules out for one episode, the plain way. Each episode samples
-from its own random stream (`episode_seed`), so both sample the same tokens.
+No model runs here: seal_mini.engine.rollout runs it for many episodes at once and calls `Sequences`, and
+tests/reference.py spells the same rules out for one episode. Each episode samples from its own random
+stream (`episode_seed`), so both sample the same tokens.
 """
 
 from __future__ import annotations
@@ -174,14 +168,6 @@ def mark_turn(t: Trajectory, env: EnvLike, start: int) -> None:
     """A message begins at `start`: if it is the first of a task turn, record where (Trajectory.turn_starts)."""
     while len(t.turn_starts) <= getattr(env, "turn_index", 0):
         t.turn_starts.append(start)
-
-
-def new_segment(t: Trajectory, prompt: list[int]) -> int:
-    """Begin a new segment (the caller lays its prompt down); returns how many first tokens it shares with
-    the last one."""
-    shared = len(os.path.commonprefix([t.input_ids[t.base :], prompt]))
-    t.segments.append(len(t.input_ids))
-    return shared
 
 
 def task_id(env, index: int) -> str:
@@ -328,7 +314,8 @@ class Sequences:
             ids = r.prompt_ids(t.messages + new, t.tools)
             if len(ids) + room > self.cfg.max_total_tokens:
                 return False
-            live.kept = new_segment(t, ids)
+            live.kept = len(os.path.commonprefix([t.input_ids[t.base :], ids]))
+            t.segments.append(len(t.input_ids))
             exact = True
         elif len(t.input_ids) - t.base + len(ids) + room > self.cfg.max_total_tokens:
             return False

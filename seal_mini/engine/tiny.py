@@ -1,25 +1,19 @@
-"""Models that need no network: a tiny random Qwen2 with its own tokenizer, and where SmolLM2 lies.
-
-`model.name: tiny-random` builds both from scratch in about a second: a byte-level BPE tokenizer
-trained on BFCL texts (tool docs, user turns, reference calls) with ChatML special tokens and the
-<tool_call> tags, a chat template of our own that renders tools, and a Qwen2 model with random
-weights sized for CPU tests. Same code and seed, same tokenizer and weights.
-"""
+"""`model.name: tiny-random`, built offline in about a second for CPU tests: a byte-level BPE tokenizer
+trained on BFCL texts (tool docs, user turns, reference calls), a chat template of our own that renders
+tools, and a Qwen2 with random weights (seal_mini/engine/scratch.py builds both). Same seed, same model."""
 
 from __future__ import annotations
 
 import json
 from functools import cache
 
-from seal_mini.engine.scratch import MESSAGES_TEMPLATE
+from seal_mini.engine.scratch import MESSAGES_TEMPLATE, chat_tokenizer, random_model, train_tokenizer_json
 
 TINY_VOCAB = 4096
 """BPE vocabulary of the tiny tokenizer (special tokens included)."""
 
-# Our own ChatML-style template. Tools (chat-template dicts) are listed in the system message, one JSON
-# object a line; tool results are messages of role "tool". Every message is rendered on its own, so
-# rendering a conversation and then a longer one gives the first text as a prefix of the second,
-# which the rollout engine relies on.
+# Like scratch.CHAT_TEMPLATE (prefix-stable, tool results of role "tool"), but the tools are listed in the
+# system message as one JSON object a line.
 TINY_CHAT_TEMPLATE = (
     "{%- set has_system = messages|length > 0 and messages[0]['role'] == 'system' -%}"
     "{%- if has_system or tools -%}"
@@ -55,20 +49,14 @@ def _bfcl_corpus() -> list[str]:
 
 @cache
 def _tiny_tokenizer_json() -> str:
-    from seal_mini.engine.scratch import train_tokenizer_json
-
     return train_tokenizer_json(_bfcl_corpus(), TINY_VOCAB, pieces=None)
 
 
 def tiny_tokenizer():
     """A fresh byte-level BPE tokenizer (4096 ids) with ChatML tokens and a tool-aware chat template."""
-    from seal_mini.engine.scratch import chat_tokenizer
-
     return chat_tokenizer(_tiny_tokenizer_json(), TINY_CHAT_TEMPLATE)
 
 
-def tiny_model(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 1):
-    """A Qwen2 causal LM with random weights (about 0.4M parameters at the defaults), float32."""
-    from seal_mini.engine.scratch import random_model
-
-    return random_model(tokenizer, seed, hidden, layers, heads, kv_heads)
+def tiny_model(tokenizer):
+    """A Qwen2 causal LM with random weights (about 0.4M parameters), float32."""
+    return random_model(tokenizer)
