@@ -8,6 +8,8 @@ from here without asking. A tasks world's ids are known once its split has been 
 
 from __future__ import annotations
 
+import itertools
+
 from seal_mini.config import Config, ConfigError
 from seal_mini.envs import practice, world
 from seal_mini.envs.bfcl import Task, make_split, read_split_file, tasks_by_id
@@ -78,11 +80,8 @@ def pick(ids: list[str], limit: int) -> list[Task]:
     per_category: dict[str, list[Task]] = {}
     for t in tasks:
         per_category.setdefault(t.category, []).append(t)
-    out, k = [], 0
-    while len(out) < limit and any(k < len(v) for v in per_category.values()):
-        out += [v[k] for v in per_category.values() if k < len(v)]
-        k += 1
-    return out[:limit]
+    rounds = itertools.zip_longest(*per_category.values())  # the first of each category, then the second, ...
+    return [t for row in rounds for t in row if t is not None][:limit]
 
 
 def split_figures(splits: dict[str, dict[str, list[str]]]) -> dict:
