@@ -517,7 +517,8 @@ def _fresh_plan(cls: type) -> _FreshPlan:
 
 
 def _rebuilt(fn: types.FunctionType, namespace: dict, defaults: tuple | None) -> types.FunctionType:
-    out = types.FunctionType(fn.__code__, namespace, fn.__name__, defaults, fn.__closure__)
+    """fn over another global namespace, with fresh copies of `defaults`."""
+    out = types.FunctionType(fn.__code__, namespace, fn.__name__, copy.deepcopy(defaults), fn.__closure__)
     out.__qualname__, out.__doc__, out.__kwdefaults__ = fn.__qualname__, fn.__doc__, copy.deepcopy(fn.__kwdefaults__)
     out.__module__ = fn.__module__
     return out
@@ -547,13 +548,13 @@ def fresh_subclass(cls: type) -> type:
         namespace = dict(vars(importlib.import_module(module)))
         namespace.update(pickle.loads(blob))
         for name, fn in plan.helpers.get(module, {}).items():
-            namespace[name] = _rebuilt(fn, namespace, copy.deepcopy(fn.__defaults__))
+            namespace[name] = _rebuilt(fn, namespace, fn.__defaults__)
         namespaces[module] = namespace
     defaults = first_defaults(cls)
     methods = {}
     for name, (kind, fn) in plan.methods.items():
         namespace = namespaces.get(fn.__module__, fn.__globals__)
-        rebuilt = _rebuilt(fn, namespace, copy.deepcopy(defaults.get(name, fn.__defaults__)))
+        rebuilt = _rebuilt(fn, namespace, defaults.get(name, fn.__defaults__))
         methods[name] = rebuilt if kind is types.FunctionType else kind(rebuilt)
     # the same module and name as the class: it reads as that class everywhere (and shares its method list);
     # pickled (the diagnoser copies back ends so), an instance comes back as one of this very class
