@@ -715,9 +715,8 @@ def _literal(node: ast.AST, owners: dict[str, str]):
 
 
 def plan_call(processed: str, owners: dict[str, str]) -> Plan:
-    """What eval() of a call string (already through BFCL's _process_method_calls) would do.
-
-    `owners` is the executor's method -> instance name map for the same instances."""
+    """What eval() of a call string (already through BFCL's _process_method_calls) would do, where `owners`
+    is the executor's method -> instance name map."""
     head = processed.split("(")[0] if "(" in processed else processed
     if "." in head:
         head = head.split(".")[1]

@@ -1,5 +1,4 @@
-"""A run's tasks: the train / held-in split of BFCL V3 (or of the practice sets, or of a tasks world), and
-tasks by id.
+"""A run's tasks: the train / held-in split and tasks by id, of BFCL V3, the practice sets or a tasks world.
 
 BFCL's tasks come from seal_mini.envs.bfcl, the practice tasks from seal_mini.envs.practice, a world of your
 own from seal_mini.envs.world; a recipe's data.source says which, and everything downstream takes `Task`s
