@@ -27,16 +27,8 @@ NEW_TOOLS_USER_TEXT = "I have updated some more functions you can choose from. W
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 """What BFCL's loader appends to the description of every tool a Python task offers from its start."""
 
-_BFCL_TO_JSON_TYPE = {
-    "dict": "object",
-    "float": "number",
-    "integer": "integer",
-    "string": "string",
-    "boolean": "boolean",
-    "array": "array",
-    "tuple": "array",
-    "any": None,
-}
+_BFCL_TO_JSON_TYPE = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+"""BFCL's type names that JSON schema spells otherwise (None: no type); the rest are JSON's own."""
 
 
 @dataclass
@@ -165,6 +157,7 @@ def load_tasks(categories: tuple[str, ...] | list[str] = CATEGORIES) -> list[Tas
 
 
 def tasks_by_id(categories: tuple[str, ...] | list[str] = CATEGORIES) -> dict[str, Task]:
+    """The tasks of the given categories by id."""
     return {t.id: t for t in load_tasks(categories)}
 
 

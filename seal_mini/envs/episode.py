@@ -193,7 +193,23 @@ class Episode:
         if self.done:
             raise RuntimeError("step() after the episode ended; call reset()")
         turn = self.turns[-1]
-        result = self._step(turn, text)
+        step_index = turn.messages
+        turn.messages += 1
+        decoded = self.protocol.decode(text)
+        unread = [CallEvent(step_index, name, None, "parse", problem) for name, problem in unread_blocks(decoded)]
+        if decoded.ends_turn:
+            turn.events += unread
+            turn.ended_by = NO_CALL
+            turn.final_text = decoded.text
+            result = self._finish_turn()
+        else:
+            events = [
+                self._run(call, item, step_index) for call, item in zip(decoded.calls, decoded.items, strict=True)
+            ]
+            turn.events += events + unread
+            turn.steps.append([e.call for e in events])
+            observation = [{"role": "tool", "name": e.name or "", "content": e.output} for e in events]
+            result = self._after_tool_message(turn, observation, events + unread)
         if not self.done and self.protocol == QWEN_FC and unwritable(text):
             # BFCL's chat history keeps this message's calls as its decoder found them, and its prompt
             # cannot write one of them: its loop stops the entry with an error at the next query, which
@@ -216,23 +232,6 @@ class Episode:
         result = self._after_tool_message(turn, [{"role": "tool", "name": "", "content": feedback}], events)
         result.retried = True
         return result
-
-    def _step(self, turn: TurnRecord, text: str | bytes) -> StepResult:
-        step_index = turn.messages
-        turn.messages += 1
-        decoded = self.protocol.decode(text)
-        unread = [CallEvent(step_index, name, None, "parse", problem) for name, problem in unread_blocks(decoded)]
-        if decoded.ends_turn:
-            turn.events += unread
-            turn.ended_by = NO_CALL
-            turn.final_text = decoded.text
-            return self._finish_turn([])
-
-        events = [self._run(call, item, step_index) for call, item in zip(decoded.calls, decoded.items, strict=True)]
-        turn.events += events + unread
-        turn.steps.append([e.call for e in events])
-        observation = [{"role": "tool", "name": e.name or "", "content": e.output} for e in events]
-        return self._after_tool_message(turn, observation, events + unread)
 
     def truncate(self) -> None:
         """The rollout engine ran out of tokens: end the episode here (the rest is never reached)."""
@@ -286,14 +285,11 @@ class Episode:
             return self._end_episode(observation, events, EPISODE_LIMIT)
         return StepResult(observation, turn_done=False, done=False, events=events)
 
-    def _finish_turn(self, observation: list[dict]) -> StepResult:
+    def _finish_turn(self) -> StepResult:
+        if len(self.turns) >= len(self.task.turns):
+            return self._end_episode([], [], NO_CALL)
         self.turn_states.append(state_of(self.instances))
-        next_index = len(self.turns)
-        if next_index >= len(self.task.turns):
-            self.done = True
-            self.ended_by = NO_CALL
-            return StepResult(observation, turn_done=True, done=True, events=[])
-        return StepResult(observation + self._begin_turn(next_index), turn_done=True, done=False, events=[])
+        return StepResult(self._begin_turn(len(self.turns)), turn_done=True, done=False, events=[])
 
     def _end_episode(self, observation: list[dict], events: list[CallEvent], reason: str) -> StepResult:
         self.turn_states.append(state_of(self.instances))

@@ -1,11 +1,10 @@
 """BFCL's multi-turn harness as seal_mini plays it: decode a model message, run the decoded calls.
 
-Two BFCL handlers are played (`Protocol`, PROTOCOLS): the Qwen FC handler's, described below, and the
-LlamaHandler BFCL's registry runs ToolACE-2-8B with (`decode_python`, `llama_prompt`: a Python list of calls,
-BFCL's own system prompt, compiled from its source with eval() refused). Running the calls is the same for both.
-
-The held-in score must be what BFCL's own inference loop and scorer give for the same model output
-(bfcl-eval 2026.3.23, the Qwen / Hermes `<tool_call>` format). Both halves follow BFCL step for step.
+The held-in score must be what BFCL's own inference loop and scorer (bfcl-eval 2026.3.23) give for the same
+model output, so both halves follow BFCL step for step. Two BFCL handlers are played (`Protocol`, PROTOCOLS):
+the Qwen FC handler's `<tool_call>` format, described below, and the LlamaHandler BFCL's registry runs
+ToolACE-2-8B with (`decode_python`, `llama_prompt`: a Python list of calls, BFCL's own system prompt,
+compiled from its source with eval() refused). Running the calls is the same for both.
 
 Decoding is BFCL's Qwen handler itself (model_handler/local_inference/qwen_fc.py), and so is the prompt
 of `model.tool_format: bfcl` (`bfcl_prompt`, its _format_prompt):
@@ -16,11 +15,11 @@ of `model.tool_format: bfcl` (`bfcl_prompt`, its _format_prompt):
   - `decode_execute` fails the whole message if one of those is not a JSON object or lacks "name" or
     "arguments", and otherwise writes each call as `name(key=repr(value),...)` (`convert_to_function_call`).
   A message that fails to decode or decodes to no call ends the user turn; the call strings are what
-  BFCL's executor runs and what its checker scores. Importing those functions' modules would pull in
-  BFCL's whole inference stack (tree-sitter parsers, API clients), which the kit does not install, so
-  they are compiled from the installed package's source files on their own (`bfcl_function`).
-  decode_execute holds an eval() for string items; `decode` refuses any non-object item first (as
-  decode_execute itself does before that line), so model text never reaches it.
+  BFCL's executor runs and its checker scores. Importing those functions' modules would pull in BFCL's
+  whole inference stack (tree-sitter parsers, API clients), which the kit does not install, so they are
+  compiled from the installed package's source files on their own (`bfcl_function`). decode_execute
+  holds an eval() for string items; `decode` refuses any non-object item first (as decode_execute itself
+  does before that line), so model text never reaches it.
 
 Running is BFCL's executor (eval_checker/multi_turn_eval/multi_turn_utils.execute_multi_turn_func_call)
 without its eval(). Like the executor, `run_call` prefixes every method name in the string with the
@@ -36,14 +35,14 @@ Everything else (a Python builtin, a module's attribute, an instance's name or a
 expression in an argument, positional arguments: code in a name or an argument key) is refused: nothing
 runs and the output says so. The checker is given only what cannot reach anything but a tool
 (`for_checker`): a call that ran, or `REFUSED_CALL`, which fails the same harmless way; the verifier puts
-every input through the same function again under the checker's own instance names. A number is a number, however large
-(JSON gives Python ints of up to 4,300 digits, and BFCL runs them); only calls that would keep the
-process busy for hours are refused (`GUARDS`). README lists what these refusals change.
+every input through the same function again under the checker's own instance names. A number is a number,
+however large (JSON gives Python ints of up to 4,300 digits, and BFCL runs them); only calls that would
+keep the process busy for hours are refused (`GUARDS`). README lists what these refusals change.
 
 Instance names. BFCL writes an instance's global name, which holds the model's name, into any string
 argument that mentions a method followed by "(", and a back end may read that string (get_flight_cost
 prices by the digits of its date). So the kit runs every episode and every check under the names BFCL
-gives one model (`BFCL_MODEL`): a verdict is a function of the episode alone.
+gives the episode's model (its `Protocol`): a verdict is a function of the episode alone.
 """
 
 from __future__ import annotations
@@ -72,10 +71,6 @@ from seal_mini.envs.bfcl import bfcl_root
 
 BFCL_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 """The model whose names BFCL's instances carry in the kit, as BFCL's Qwen FC handler runs it."""
-INSTANCE_PREFIX = BFCL_MODEL.replace("/", "_").replace("-", "_").replace(".", "_")
-"""The inference loop's model name (the handler's model_name_underline_replaced): the episode's instances."""
-CHECKER_MODEL = f"{BFCL_MODEL}-FC".replace("/", "_")
-"""The scorer's model name (eval_runner's: the registry name, "/" written "_"): the checker's instances."""
 QWEN_HANDLER = "model_handler/local_inference/qwen_fc.py"
 LLAMA_HANDLER = "model_handler/local_inference/llama.py"
 HANDLER_UTILS = "model_handler/utils.py"
@@ -112,8 +107,7 @@ class Protocol:
         return decode(text) if self.name == "qwen_fc" else decode_python(text)
 
     def write(self, calls: list[tuple[str, dict]]) -> str:
-        """Calls as a model following this handler writes them (scripted policies): <tool_call> blocks, or
-        one Python list of keyword calls."""
+        """Calls as a model following this handler writes them (scripted policies)."""
         from seal_mini.envs.toolcalls import format_call
 
         if self.name == "qwen_fc":
@@ -128,16 +122,16 @@ TOOLACE = Protocol("llama_prompt", "Team-ACE/ToolACE-2-8B", "Team-ACE/ToolACE-2-
 """BFCL's LlamaHandler, which its registry runs ToolACE-2-8B with: a Python list of calls, BFCL's own system
 prompt, tool results as ipython messages."""
 PROTOCOLS = {p.name: p for p in (QWEN_FC, TOOLACE)}
+INSTANCE_PREFIX, CHECKER_MODEL = QWEN_FC.instance_prefix, QWEN_FC.checker_model
+"""The names of BFCL_MODEL's instances in an episode and in the checker."""
 
 
 # --- decoding: BFCL's Qwen handler ------------------------------------------------------------------
 
 
 def bfcl_function(path: str, name: str, owner: str, namespace: dict):
-    """One function of the installed bfcl-eval, compiled from its source file alone into `namespace`.
-
-    `owner` names the class whose method it is ("" for a module-level function). Decorators
-    (@override, @staticmethod) are left off; the caller binds the function itself."""
+    """One function of the installed bfcl-eval, compiled from its source file alone into `namespace`: a
+    method of class `owner` ("" for a module-level one), its decorators left off (the caller binds it)."""
     file = bfcl_root() / path
     tree = ast.parse(file.read_text(), filename=str(file))
     scope = tree.body
@@ -173,9 +167,8 @@ CLOSE_LINE = "\n</tool_call>"
 
 def _through_last_close(text: str) -> str:
     """The text up to its last closing line. BFCL's pattern (`<tool_call>\\n(.*?)\\n</tool_call>`) finds the
-    same blocks in it, since an opening tag with no closing line after it never matches; but its regex
-    scans to the end of the text from each such tag, quadratic time (96 KB of unclosed tags: 40 s), while
-    here every tag it tries matches, so it reads the text once."""
+    same blocks in it (an opening tag with no closing line after it never matches), reading it once instead
+    of scanning to the end from each unclosed tag (quadratic: 96 KB of unclosed tags took 40 s)."""
     end = text.rfind(CLOSE_LINE)
     return text[: end + len(CLOSE_LINE)] if end >= 0 else ""
 
@@ -226,10 +219,9 @@ def decode(text: str | bytes) -> Decoded:
 
 
 def bfcl_prompt(messages: list[dict], tools: list[dict]) -> str:
-    """The prompt BFCL's Qwen FC handler writes for a conversation (QwenFCHandler._format_prompt, its own
-    code), ending with the start of the next assistant message. Each assistant message is given as BFCL's
-    chat history keeps it: the calls it extracted, or else the text after any </think> (its reasoning kept
-    aside); tools are listed as given (a BFCL task's docs, as its entry has them)."""
+    """The prompt BFCL's Qwen FC handler writes for a conversation (its own _format_prompt), ending with the
+    start of the next assistant message. Each assistant message is given as BFCL's chat history keeps it:
+    the calls it extracted, or else the text after any </think>; tools as given (a BFCL task's docs)."""
     history = []
     for m in messages:
         if m["role"] == "assistant":
@@ -317,7 +309,7 @@ def llama_prompt(messages: list[dict], tools: list[dict]) -> str:
     history = [{"role": "ipython" if m["role"] == "tool" else m["role"], "content": m["content"]} for m in messages]
     # BFCL prepends its system prompt to the first turn's messages only
     first = next((k for k, m in enumerate(history) if m["role"] not in ("system", "user")), len(history))
-    history = llama.system_prompt_pre_processing_chat_model(history[:first] or [], tools, "") + history[first:]
+    history = llama.system_prompt_pre_processing_chat_model(history[:first], tools, "") + history[first:]
     return llama.format_prompt(history)
 
 
@@ -375,7 +367,6 @@ def instance_name(prefix: str, task_id: str, class_name: str) -> str:
 def bfcl_class(class_name: str) -> type:
     """The back-end class of that name: BFCL's (TwitterAPI, GorillaFileSystem, ...), or a recipe's own, which
     seal_mini.envs.world registers in the same table of BFCL's (the one its executor reads too)."""
-
     from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
     return getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[class_name]), class_name)
@@ -450,11 +441,7 @@ def first_defaults(cls: type) -> dict[str, tuple]:
     """Method name -> its default arguments, for each method of a back-end class with a mutable default
     (TwitterAPI.post_tweet(tags=[], mentions=[])): as its source writes them, so they are what a fresh
     process starts with, whatever ran in this one (BFCL's own TwitterAPI may have grown them)."""
-    out = {}
-    for name, (_, fn) in _methods(cls).items():
-        if any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
-            out[name] = _source_defaults(fn)
-    return out
+    return {name: _source_defaults(fn) for name, (_, fn) in _methods(cls).items() if _mutable_default(fn)}
 
 
 @dataclass
@@ -468,6 +455,10 @@ class _FreshPlan:
     """Per module: its top-level functions those methods reach (rebuilt beside the fresh data)."""
     data: dict[str, bytes]
     """Per module: its mutable globals those functions read, as a fresh process has them (pickled)."""
+
+
+def _mutable_default(fn: types.FunctionType) -> bool:
+    return any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ())
 
 
 def _reads_data(fn: types.FunctionType) -> set[str]:
@@ -512,7 +503,7 @@ def _fresh_plan(cls: type) -> _FreshPlan:
     for name, (kind, fn) in _methods(cls).items():
         reached = _reached(fn)
         reads = set().union(*(_reads_data(f) for f in reached))
-        if reads or any(isinstance(d, MUTABLE) for d in fn.__defaults__ or ()):
+        if reads or _mutable_default(fn):
             methods[name] = (kind, fn)
             names.setdefault(fn.__module__, set()).update(reads)
             # the helpers on a path to the data, rebuilt beside it; the others may stay as they are
@@ -526,7 +517,8 @@ def _fresh_plan(cls: type) -> _FreshPlan:
 
 
 def _rebuilt(fn: types.FunctionType, namespace: dict, defaults: tuple | None) -> types.FunctionType:
-    out = types.FunctionType(fn.__code__, namespace, fn.__name__, defaults, fn.__closure__)
+    """fn over another global namespace, with fresh copies of `defaults`."""
+    out = types.FunctionType(fn.__code__, namespace, fn.__name__, copy.deepcopy(defaults), fn.__closure__)
     out.__qualname__, out.__doc__, out.__kwdefaults__ = fn.__qualname__, fn.__doc__, copy.deepcopy(fn.__kwdefaults__)
     out.__module__ = fn.__module__
     return out
@@ -556,13 +548,13 @@ def fresh_subclass(cls: type) -> type:
         namespace = dict(vars(importlib.import_module(module)))
         namespace.update(pickle.loads(blob))
         for name, fn in plan.helpers.get(module, {}).items():
-            namespace[name] = _rebuilt(fn, namespace, copy.deepcopy(fn.__defaults__))
+            namespace[name] = _rebuilt(fn, namespace, fn.__defaults__)
         namespaces[module] = namespace
     defaults = first_defaults(cls)
     methods = {}
     for name, (kind, fn) in plan.methods.items():
         namespace = namespaces.get(fn.__module__, fn.__globals__)
-        rebuilt = _rebuilt(fn, namespace, copy.deepcopy(defaults.get(name, fn.__defaults__)))
+        rebuilt = _rebuilt(fn, namespace, defaults.get(name, fn.__defaults__))
         methods[name] = rebuilt if kind is types.FunctionType else kind(rebuilt)
     # the same module and name as the class: it reads as that class everywhere (and shares its method list);
     # pickled (the diagnoser copies back ends so), an instance comes back as one of this very class
@@ -638,11 +630,9 @@ def _guard_precision(a: dict) -> str:
 
 def _guard_round(a: dict) -> str:
     places, number = a.get("decimal_places"), a.get("number")
-    return (
-        "rounding an integer to more than 10000 places"
-        if isinstance(number, int) and isinstance(places, int) and places < -10_000
-        else ""
-    )
+    if isinstance(number, int) and isinstance(places, int) and places < -10_000:
+        return "rounding an integer to more than 10000 places"
+    return ""
 
 
 GUARDS = {
@@ -725,9 +715,8 @@ def _literal(node: ast.AST, owners: dict[str, str]):
 
 
 def plan_call(processed: str, owners: dict[str, str]) -> Plan:
-    """What eval() of a call string (already through BFCL's _process_method_calls) would do.
-
-    `owners` is the executor's method -> instance name map for the same instances."""
+    """What eval() of a call string (already through BFCL's _process_method_calls) would do, where `owners`
+    is the executor's method -> instance name map."""
     head = processed.split("(")[0] if "(" in processed else processed
     if "." in head:
         head = head.split(".")[1]

@@ -1,5 +1,4 @@
-"""A run's tasks: the train / held-in split of BFCL V3 (or of the practice sets, or of a tasks world), and
-tasks by id.
+"""A run's tasks: the train / held-in split and tasks by id, of BFCL V3, the practice sets or a tasks world.
 
 BFCL's tasks come from seal_mini.envs.bfcl, the practice tasks from seal_mini.envs.practice, a world of your
 own from seal_mini.envs.world; a recipe's data.source says which, and everything downstream takes `Task`s
@@ -7,6 +6,8 @@ from here without asking. A tasks world's ids are known once its split has been 
 """
 
 from __future__ import annotations
+
+import itertools
 
 from seal_mini.config import Config, ConfigError
 from seal_mini.envs import practice, world
@@ -78,11 +79,8 @@ def pick(ids: list[str], limit: int) -> list[Task]:
     per_category: dict[str, list[Task]] = {}
     for t in tasks:
         per_category.setdefault(t.category, []).append(t)
-    out, k = [], 0
-    while len(out) < limit and any(k < len(v) for v in per_category.values()):
-        out += [v[k] for v in per_category.values() if k < len(v)]
-        k += 1
-    return out[:limit]
+    rounds = itertools.zip_longest(*per_category.values())  # the first of each category, then the second, ...
+    return [t for row in rounds for t in row if t is not None][:limit]
 
 
 def split_figures(splits: dict[str, dict[str, list[str]]]) -> dict:

@@ -1,14 +1,12 @@
 """The kit's own parser and schema check for tool calls in a model message. Model text is untrusted input.
 
 BFCL episodes decode messages with BFCL's own handler (seal_mini.envs.harness); this module serves where
-the kit defines the protocol itself (tau2) and names the schema problems of BFCL calls for the diagnoser
-and the training interface (`validate_call`).
-
-The format is the Qwen/Hermes one: each call is a JSON object {"name": ..., "arguments": {...}} inside
-<tool_call></tool_call>, several per message allowed. Nothing here evaluates text: JSON is parsed with
-the json module under size and depth limits, names are checked against the offered tools, arguments
-against their JSON schema. A call that passes becomes a `ToolCall`; one that does not becomes a
-`CallError` whose message names the problem (it goes back to the model as an observation).
+the kit defines the protocol itself (tau2), and names the schema problems of BFCL calls for the diagnoser
+and the training interface (`validate_call`). The format is the Qwen/Hermes one: each call is a JSON object
+{"name": ..., "arguments": {...}} inside <tool_call></tool_call>, several per message allowed. Nothing here
+evaluates text: JSON is parsed with the json module under size and depth limits, names are checked against
+the offered tools, arguments against their JSON schema. A call that passes becomes a `ToolCall`; one that
+does not becomes a `CallError` whose message names the problem (it goes back to the model as an observation).
 """
 
 from __future__ import annotations
@@ -43,11 +41,9 @@ _JSON_TYPES = {
 
 @dataclass
 class ToolCall:
-    """A parsed call that fits the offered tools well enough to run.
-
-    Some of BFCL's reference calls break the published schema (a string id where the doc says integer;
-    a held-out tool used before its reveal), so soft problems do not block a call; they are recorded in
-    `violation`."""
+    """A parsed call that fits the offered tools well enough to run. Some of BFCL's reference calls break the
+    published schema (a string id where the doc says integer; a held-out tool used before its reveal), so
+    soft problems do not block a call; they are recorded in `violation`."""
 
     name: str
     arguments: dict
@@ -141,9 +137,8 @@ def _parse_block(body: str) -> dict | CallError:
 
 
 def parse_tool_calls(text: str | bytes) -> list[dict | CallError]:
-    """Every <tool_call> block of a message, in order: {"name", "arguments"} or a CallError.
-
-    An empty list means the message makes no call (it ends the user turn)."""
+    """Every <tool_call> block of a message, in order: {"name", "arguments"} or a CallError; an empty list
+    means the message makes no call (it ends the user turn)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -201,10 +196,9 @@ def validate_call(
 
     Hard errors: a name no tool has, missing required or unknown arguments (the call would only raise a
     TypeError), values over the size limits (unless `limits` is off). Soft problems: wrong JSON types,
-    values outside an enum, a tool of the task that is not offered yet. What happens to either is the
-    caller's choice: the BFCL environment runs every decoded call as BFCL does (any value size included)
-    and uses this only to flag schema problems for the diagnoser; tau2 refuses hard errors before they
-    reach its tools."""
+    values outside an enum, a tool of the task that is not offered yet. The BFCL environment runs every
+    decoded call regardless, as BFCL does (any value size included), and uses this only to flag schema
+    problems for the diagnoser; tau2 refuses hard errors before they reach its tools."""
     name, arguments = parsed["name"], parsed["arguments"]
     later_tools = later_tools or {}
     if name not in tools and name not in later_tools:

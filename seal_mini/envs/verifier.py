@@ -8,11 +8,9 @@ call on a turn whose ground truth makes none is executed and not failed.) The ep
 that decoded input already (seal_mini.envs.episode), so the checker sees what BFCL's scorer would give it.
 
 The checker re-executes the model's calls and the ground truth turn by turn on fresh instances and
-compares state and outputs. It evaluates call strings with eval(): every string is put through
-seal_mini.envs.harness.checker_input_for first, so it gets only calls of public methods of the task's back
-ends with literal values, and a stand-in that fails harmlessly for anything else (an instance's name, an
-attribute chain, a builtin, code). If the checker raises all the same, the episode fails with
-CHECKER_RAISED and the reason in its details; the run goes on.
+compares state and outputs. It evaluates call strings with eval(), so every string is put through
+harness.checker_input_for first: only calls of public tool methods with literal values reach it. If the
+checker raises all the same, the episode fails with CHECKER_RAISED and the reason in its details.
 
 The checker runs under the model name BFCL's scorer uses for the episode's model (its harness.Protocol), so
 its instance names, which it writes into string arguments that mention a method, are BFCL's: a verdict
@@ -28,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 
 from seal_mini.envs.bfcl import Task
+from seal_mini.envs.episode import INFERENCE_ERROR, NOT_REACHED, TURN_LIMIT, new_instances
+from seal_mini.envs.harness import QWEN_FC, checker_input_for, fresh_class, instance_name
 
 CHECKER_RAISED = "seal_mini:checker_raised"
 """The error type of a verdict whose check raised (a back end's bug, not anything model text can cause):
@@ -60,9 +60,6 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
     from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
 
-    from seal_mini.envs.episode import new_instances
-    from seal_mini.envs.harness import QWEN_FC, checker_input_for, fresh_class, instance_name
-
     CHECKER_MODEL = (protocol or QWEN_FC).checker_model  # noqa: N806 - the scorer's model name, as BFCL calls it
 
     if forced_quit:  # eval_runner: fewer turns than the ground truth means the inference was force-quit
@@ -85,15 +82,16 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     finally:
         for key in placed:
             cache.pop(key, None)
+    replaced_calls = {"replaced_calls": replaced} if replaced else {}
     if result["valid"]:
-        return Verdict(1.0, details={"replaced_calls": replaced} if replaced else {})
-    message = result.get("error_message", "")
-    details = {"error_message": message, **({"replaced_calls": replaced} if replaced else {})}
-    if "details" in result and "differences" in result["details"]:
+        return Verdict(1.0, details=replaced_calls)
+    details = {"error_message": result.get("error_message", ""), **replaced_calls}
+    found = result.get("details", {})
+    if "differences" in found:
         # States can be huge (long_context file systems): keep a readable excerpt of each difference.
-        details["differences"] = {k: repr(v)[:500] for k, v in result["details"]["differences"].items()}
-    if "details" in result and "missing_items" in result["details"]:
-        details["missing_items"] = [str(m)[:500] for m in result["details"]["missing_items"]]
+        details["differences"] = {k: repr(v)[:500] for k, v in found["differences"].items()}
+    if "missing_items" in found:
+        details["missing_items"] = [str(m)[:500] for m in found["missing_items"]]
     return Verdict(0.0, result.get("error_type", ""), _failed_turn(result), details)
 
 
@@ -102,8 +100,6 @@ def check_episode(episode) -> Verdict:
     force-quit (more than 20 tool-calling messages in a turn) before its last turn; one force-quit in its
     last turn has every turn and is scored as usual. It fails an entry whose inference stopped with an
     error (a message its prompt cannot write back) as multi_turn:inference_error."""
-    from seal_mini.envs.episode import INFERENCE_ERROR, NOT_REACHED, TURN_LIMIT
-
     if episode.ended_by == INFERENCE_ERROR:
         last = max(r.index for r in episode.turn_records() if r.messages)
         return Verdict(0.0, "multi_turn:inference_error", last, {})
