@@ -35,7 +35,7 @@ import hashlib
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 from seal_mini.config import CATEGORIES, Config, ConfigError
@@ -83,16 +83,11 @@ def call(tool: str, /, **arguments) -> str:
 def compact_doc(doc: dict) -> dict:
     """A BFCL tool doc cut to the first sentence of its description; a parameter keeps its description only
     where it lists the allowed values ([Enum]); names, types and required parameters as published."""
-
-    def first_sentence(text: str) -> str:
-        text = text.split("Tool description:", 1)[-1].strip()
-        return re.split(r"(?<=\.)\s", text, maxsplit=1)[0].strip()
-
     params = doc.get("parameters", {"type": "dict", "properties": {}})
     properties = {}
     for name, spec in params.get("properties", {}).items():
+        enum = re.search(r"\[Enum\]: (\[.*?\])", spec.get("description", ""))
         spec = {k: v for k, v in spec.items() if k not in ("default", "description")}
-        enum = re.search(r"\[Enum\]: (\[.*?\])", doc["parameters"]["properties"][name].get("description", ""))
         if enum:
             spec["description"] = enum.group(0)
             # the same values as a JSON-schema enum (on the items of an array), so an argument outside them is a
@@ -106,7 +101,9 @@ def compact_doc(doc: dict) -> dict:
     out = {"type": params.get("type", "dict"), "properties": properties}
     if params.get("required"):
         out["required"] = list(params["required"])
-    return {"name": doc["name"], "description": first_sentence(doc["description"]), "parameters": out}
+    description = doc["description"].split("Tool description:", 1)[-1].strip()
+    description = re.split(r"(?<=\.)\s", description, maxsplit=1)[0].strip()  # its first sentence
+    return {"name": doc["name"], "description": description, "parameters": out}
 
 
 # --- LEARNER EDIT POINT: the practice world ---------------------------------------------------------
@@ -141,7 +138,6 @@ class Domain:
 
     def __init__(self, rng: random.Random, large: bool):
         self.rng = rng
-        self.large = large
         self.focus = None
         """What the session is about (a file, a ticket, a person, a stock): later requests return to it."""
 
@@ -376,15 +372,9 @@ class Messages(Domain):
         self.inbox = [{self.users[rng.choice(names[1:])]: rng.choice(NOUNS)} for _ in range(rng.randint(1, 3))]
 
     def config(self):
-        return {
-            self.cls: {
-                "user_count": len(self.initial_users),
-                "user_map": dict(self.initial_users),
-                "inbox": [dict(m) for m in self.inbox],
-                "message_count": len(self.inbox),
-                "current_user": "USR001",
-            }
-        }
+        state = {"user_count": len(self.initial_users), "user_map": dict(self.initial_users)}
+        state |= {"inbox": [dict(m) for m in self.inbox], "message_count": len(self.inbox), "current_user": "USR001"}
+        return {self.cls: state}
 
     def req_send(self):
         name = self.pick(n for n, i in self.users.items() if i != "USR001")  # USR001 is the user themself
@@ -426,14 +416,7 @@ class Tickets(Domain):
         self.user = rng.choice(["ana", "ben", "cleo", "dan"])
         titles = rng.sample(NOUNS, rng.randint(5, 6) if large else rng.randint(2, 3))
         self.queue = [
-            {
-                "id": i + 1,
-                "title": t,
-                "description": "",
-                "status": "Open",
-                "priority": rng.randint(1, 5),
-                "created_by": self.user,
-            }
+            dict(id=i + 1, title=t, description="", status="Open", priority=rng.randint(1, 5), created_by=self.user)
             for i, t in enumerate(titles)
         ]
         self.initial = json.loads(json.dumps(self.queue))
@@ -466,10 +449,8 @@ class Tickets(Domain):
             return None
         ticket = self.pick(self.open)
         self.open.discard(ticket)
-        text = self.rng.choice(["Close ticket {}.", "Please close ticket number {}."])
-        return Request(
-            text.format(ticket), [call("close_ticket", ticket_id=ticket)], "Close a ticket.", f"Number {ticket}."
-        )
+        text = self.rng.choice(["Close ticket {}.", "Please close ticket number {}."]).format(ticket)
+        return Request(text, [call("close_ticket", ticket_id=ticket)], "Close a ticket.", f"Number {ticket}.")
 
     def req_resolve(self):
         if not self.open:
@@ -791,26 +772,3 @@ def fingerprint(cfg: Config) -> str:
     for i in demo_ids(cfg):
         digest.update(signature(task(i)).encode())
     return digest.hexdigest()[:16]
-
-
-@dataclass
-class SetStats:
-    """Numbers that describe a task set (for the README and the tests)."""
-
-    tasks: int = 0
-    turns: list[int] = field(default_factory=list)
-    tools: list[int] = field(default_factory=list)
-    classes: dict[str, int] = field(default_factory=dict)
-
-
-def describe(ids: list[str]) -> SetStats:
-    """How many turns and tools the tasks have, and which back ends they use."""
-    stats = SetStats()
-    for i in ids:
-        t = task(i)
-        stats.tasks += 1
-        stats.turns.append(len(t.turns))
-        stats.tools.append(len(t.tools) + sum(len(d) for d in t.held_out.values()))
-        for c in t.involved_classes:
-            stats.classes[c] = stats.classes.get(c, 0) + 1
-    return stats
