@@ -1,37 +1,37 @@
 """Practice tasks: short multi-turn tool tasks on BFCL's own back ends, generated from a seed.
 
 A setting small enough for a model built from scratch to learn on a laptop, with everything downstream
-unchanged: a practice task is a `seal_mini.envs.bfcl.Task` over the real back-end classes (file system,
-math, messaging, tickets, trading, vehicle), its ground truth is BFCL call strings, and the official
-multi_turn_checker scores it through the same Episode, verifier, diagnoser and interface.
+unchanged: a practice task is a `seal_mini.envs.bfcl.Task` over the real back-end classes (file system, math,
+messaging, tickets, trading, vehicle), its ground truth is BFCL call strings, and the official multi_turn_checker
+scores it through the same Episode, verifier, diagnoser and interface.
 
-Each task offers the tools its requests use (and one distractor when they use a single tool), with
-compact docs (BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording,
-with the phenomena of BFCL's four categories and the failure modes BFCL's back ends set up: preconditions
-a request leaves unsaid (a file in a folder needs a `cd` first, after which the session is in that folder;
-the engine needs the brake pressed), allowed values a request does not spell as the tool does ("automatic"
-for auto, "words" for wc's w, "start" for START), and values a user leaves out that a model is tempted to
-make up instead of asking. Everything is kept short (a demonstration is about 240
-tokens for the scratch tokenizer), since sequence length is what a CPU pays for:
+Each task offers the tools its requests use (and one distractor when they use a single tool), with compact docs
+(BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording, with the phenomena of
+BFCL's four categories and the failure modes BFCL's back ends set up: preconditions a request leaves unsaid (a
+file in a folder needs a `cd` first, after which the session is in that folder; the engine needs the brake
+pressed), allowed values a request does not spell as the tool does ("automatic" for auto, "words" for wc's w,
+"start" for START), and values a user leaves out that a model is tempted to make up instead of asking. Everything
+is kept short (a demonstration is about 240 tokens for the scratch tokenizer), since sequence length is what a
+CPU pays for:
   base          plain requests;
-  miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn
-                gives it;
-  miss_func     a request needs a tool that is not offered (no call); the next turn reveals the tool,
-                with BFCL's own reveal text (a tool that changes the state: BFCL never checks a turn that
-                needs no call, so a read-only one called early would pass);
-  long_context  a larger initial state (many files, tickets, contacts, ...), whose listing the task
-                reads. It is our own larger state, not BFCL's long filler, which would not fit a small
-                model: the task's `long_context` flag is off, and no id contains "long_context" (the
-                checker switches the filler on from the id).
+  miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn gives it;
+  miss_func     a request needs a tool that is not offered (no call); the next turn reveals the tool, with BFCL's
+                own reveal text (a tool that changes the state: BFCL never checks a turn that needs no call, so
+                a read-only one called early would pass);
+  long_context  a larger initial state (many files, tickets, contacts, ...), whose listing the task reads. It is
+                our own larger state, not BFCL's long filler, which would not fit a small model: the task's
+                `long_context` flag is off, and no id contains "long_context" (the checker switches the filler
+                on from the id).
 
-Task ids are `practice_<seed>_<side>_<slug>_<n>` (side: train or heldin); a task is a function of its
-id alone, so a split file or a log line names it exactly. The held-in set leaves out any task whose
-turns and ground truth equal a training task's.
+Task ids are `practice_<seed>_<side>_<slug>_<n>` (side: train or heldin); a task is a function of its id alone,
+so a split file or a log line names it exactly. The held-in set leaves out any task whose turns and ground truth
+equal a training task's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -110,13 +110,12 @@ def compact_doc(doc: dict) -> dict:
 # Each domain is one BFCL back end: a small world (its initial state, tracked as requests change it)
 # and the requests a user can make of it. A request method returns None when the world does not
 # allow it right now (nothing left to delete, ...); the generator then picks another.
-# Values a call must copy from a request are one word each (one token for the scratch tokenizer): a
-# model built from scratch learns to copy a word within minutes, a phrase only much later.
 
 NOUNS = ["apple", "bread", "candle", "garden", "guitar", "lemon", "pencil", "rocket", "silver", "violin"]
-"""One-word values: file and folder names, file contents, ticket titles, notes, messages, search words.
-LEARNER EDIT POINT: the world's difficulty. A model built from scratch learns to copy a value it has seen
-many times within minutes; a larger pool (try a hundred words) makes it learn to copy any word, slowly."""
+"""The values a call copies from a request: file and folder names, file contents, ticket titles, notes, messages,
+search words. One word each (one token for the scratch tokenizer): a model built from scratch learns to copy a
+word it has seen many times within minutes, a phrase only much later. LEARNER EDIT POINT: the world's difficulty;
+a larger pool (try a hundred words) makes it learn to copy any word, slowly."""
 EXTENSIONS = ["txt", "md"]
 FILE_NAMES = [f"{noun}.{ext}" for noun in NOUNS for ext in EXTENSIONS]
 LINES = ["buy milk", "call the bank", "meeting at noon", "fix the printer", "send the invoice", "water plants"]
@@ -691,10 +690,8 @@ def signature(t: Task) -> str:
 def stream(seed: int, side: str, category: str, backends: tuple = ()):
     """Task ids of one side and category in index order; with `backends` (BFCL class names) only the tasks
     that use nothing else. A task keeps its id whatever the filter: the filter picks, it never changes one."""
-    index = 0
-    while True:
+    for index in itertools.count():
         id_ = task_id(seed, side, category, index)
-        index += 1
         if not backends or set(task(id_).involved_classes) <= set(backends):
             yield id_
 
