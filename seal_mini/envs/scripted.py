@@ -36,12 +36,9 @@ def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
     return name, args
 
 
-def _signatures(task: Task) -> dict:
-    return public_methods(new_instances(task))
-
-
 def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[str, dict]]]:
-    methods = _signatures(task)
+    """The ground truth as (name, arguments) calls per turn; drop_last leaves out each turn's last call."""
+    methods = public_methods(new_instances(task))
     turns = []
     for calls in task.ground_truth:
         parsed = [ground_truth_call(c, methods) for c in calls]
@@ -109,7 +106,7 @@ def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[E
 
 
 POLICIES: dict[str, Callable[[Task], list]] = {
-    "ground_truth": lambda task: ground_truth_turns(task),
+    "ground_truth": ground_truth_turns,
     "empty": lambda task: [[] for _ in task.turns],
     "drop_last_call": lambda task: ground_truth_turns(task, drop_last=True),
 }
