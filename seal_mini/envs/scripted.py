@@ -39,11 +39,8 @@ def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
 def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[str, dict]]]:
     """The ground truth as (name, arguments) calls per turn; drop_last leaves out each turn's last call."""
     methods = public_methods(new_instances(task))
-    turns = []
-    for calls in task.ground_truth:
-        parsed = [ground_truth_call(c, methods) for c in calls]
-        turns.append(parsed[:-1] if drop_last and parsed else parsed)
-    return turns
+    turns = [[ground_truth_call(c, methods) for c in calls] for calls in task.ground_truth]
+    return [calls[:-1] for calls in turns] if drop_last else turns
 
 
 @dataclass

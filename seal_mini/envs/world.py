@@ -8,16 +8,11 @@ A recipe names the world (docs/your_tools.md has the whole story):
       tool_classes: [kitchen:Oven, kitchen:Pantry]
 
 Tool classes are back ends in BFCL's shape: every public method is a tool, its schema built from its typed signature
-and its docstring (a Google-style "Args:" section, as BFCL's own classes write them), or read from a JSON Lines
-file of BFCL tool docs that the class names in `_tool_docs`. A class is built with no arguments; a task's
-initial_config reaches it through `_load_scenario(state, long_context=False)` (BFCL's protocol) or, where the
-class has none, as public attributes: each key of the state replaces the attribute of that name, which the
-constructor must have set.
-
-Tasks use BFCL's field names (TASK_FIELDS). Every line is checked when the world loads, and the ground truth of
-every task is played on fresh instances through the kit's own episode and scored by BFCL's checker: each call
-must run without an error and the episode must pass. A problem stops the load with one line naming the file, the
-line and the problem.
+and Google-style docstring, or read from the file of BFCL tool docs the class names in `_tool_docs`; a task's
+initial_config reaches a fresh instance through `_load_scenario` (BFCL's protocol) or as public attributes. Tasks
+use BFCL's field names (TASK_FIELDS). When the world loads, every line is checked and every task's ground truth is
+played through the kit's own episode and scored by BFCL's checker; a problem stops the load with one line naming
+the file, the line and the problem.
 
 A class is registered under its name in BFCL's own table of back ends (CLASS_FILE_PATH_MAPPING), which BFCL's
 executor and the kit's harness (bfcl_class) both read, and its docs in bfcl.WORLD_DOCS, which tool_docs reads; a
