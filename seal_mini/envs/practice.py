@@ -1,41 +1,41 @@
 """Practice tasks: short multi-turn tool tasks on BFCL's own back ends, generated from a seed.
 
 A setting small enough for a model built from scratch to learn on a laptop, with everything downstream
-unchanged: a practice task is a `seal_mini.envs.bfcl.Task` over the real back-end classes (file system,
-math, messaging, tickets, trading, vehicle), its ground truth is BFCL call strings, and the official
-multi_turn_checker scores it through the same Episode, verifier, diagnoser and interface.
+unchanged: a practice task is a `seal_mini.envs.bfcl.Task` over the real back-end classes (file system, math,
+messaging, tickets, trading, vehicle), its ground truth is BFCL call strings, and the official multi_turn_checker
+scores it through the same Episode, verifier, diagnoser and interface.
 
-Each task offers the tools its requests use (and one distractor when they use a single tool), with
-compact docs (BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording,
-with the phenomena of BFCL's four categories and the failure modes BFCL's back ends set up: preconditions
-a request leaves unsaid (a file in a folder needs a `cd` first, after which the session is in that folder;
-the engine needs the brake pressed), allowed values a request does not spell as the tool does ("automatic"
-for auto, "words" for wc's w, "start" for START), and values a user leaves out that a model is tempted to
-make up instead of asking. Everything is kept short (a demonstration is about 240
-tokens for the scratch tokenizer), since sequence length is what a CPU pays for:
+Each task offers the tools its requests use (and one distractor when they use a single tool), with compact docs
+(BFCL's own docs, cut to their first sentence), and has 2-4 user turns in varied wording, with the phenomena of
+BFCL's four categories and the failure modes BFCL's back ends set up: preconditions a request leaves unsaid (a
+file in a folder needs a `cd` first, after which the session is in that folder; the engine needs the brake
+pressed), allowed values a request does not spell as the tool does ("automatic" for auto, "words" for wc's w,
+"start" for START), and values a user leaves out that a model is tempted to make up instead of asking. Everything
+is kept short (a demonstration is about 240 tokens for the scratch tokenizer), since sequence length is what a
+CPU pays for:
   base          plain requests;
-  miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn
-                gives it;
-  miss_func     a request needs a tool that is not offered (no call); the next turn reveals the tool,
-                with BFCL's own reveal text (a tool that changes the state: BFCL never checks a turn that
-                needs no call, so a read-only one called early would pass);
-  long_context  a larger initial state (many files, tickets, contacts, ...), whose listing the task
-                reads. It is our own larger state, not BFCL's long filler, which would not fit a small
-                model: the task's `long_context` flag is off, and no id contains "long_context" (the
-                checker switches the filler on from the id).
+  miss_param    a request leaves out a value it needs (the right move is to ask, no call); the next turn gives it;
+  miss_func     a request needs a tool that is not offered (no call); the next turn reveals the tool, with BFCL's
+                own reveal text (a tool that changes the state: BFCL never checks a turn that needs no call, so
+                a read-only one called early would pass);
+  long_context  a larger initial state (many files, tickets, contacts, ...), whose listing the task reads. It is
+                our own larger state, not BFCL's long filler, which would not fit a small model: the task's
+                `long_context` flag is off, and no id contains "long_context" (the checker switches the filler
+                on from the id).
 
-Task ids are `practice_<seed>_<side>_<slug>_<n>` (side: train or heldin); a task is a function of its
-id alone, so a split file or a log line names it exactly. The held-in set leaves out any task whose
-turns and ground truth equal a training task's.
+Task ids are `practice_<seed>_<side>_<slug>_<n>` (side: train or heldin); a task is a function of its id alone,
+so a split file or a log line names it exactly. The held-in set leaves out any task whose turns and ground truth
+equal a training task's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 
 from seal_mini.config import CATEGORIES, Config, ConfigError
@@ -83,16 +83,11 @@ def call(tool: str, /, **arguments) -> str:
 def compact_doc(doc: dict) -> dict:
     """A BFCL tool doc cut to the first sentence of its description; a parameter keeps its description only
     where it lists the allowed values ([Enum]); names, types and required parameters as published."""
-
-    def first_sentence(text: str) -> str:
-        text = text.split("Tool description:", 1)[-1].strip()
-        return re.split(r"(?<=\.)\s", text, maxsplit=1)[0].strip()
-
     params = doc.get("parameters", {"type": "dict", "properties": {}})
     properties = {}
     for name, spec in params.get("properties", {}).items():
+        enum = re.search(r"\[Enum\]: (\[.*?\])", spec.get("description", ""))
         spec = {k: v for k, v in spec.items() if k not in ("default", "description")}
-        enum = re.search(r"\[Enum\]: (\[.*?\])", doc["parameters"]["properties"][name].get("description", ""))
         if enum:
             spec["description"] = enum.group(0)
             # the same values as a JSON-schema enum (on the items of an array), so an argument outside them is a
@@ -106,20 +101,21 @@ def compact_doc(doc: dict) -> dict:
     out = {"type": params.get("type", "dict"), "properties": properties}
     if params.get("required"):
         out["required"] = list(params["required"])
-    return {"name": doc["name"], "description": first_sentence(doc["description"]), "parameters": out}
+    description = doc["description"].split("Tool description:", 1)[-1].strip()
+    description = re.split(r"(?<=\.)\s", description, maxsplit=1)[0].strip()  # its first sentence
+    return {"name": doc["name"], "description": description, "parameters": out}
 
 
 # --- LEARNER EDIT POINT: the practice world ---------------------------------------------------------
 # Each domain is one BFCL back end: a small world (its initial state, tracked as requests change it)
 # and the requests a user can make of it. A request method returns None when the world does not
 # allow it right now (nothing left to delete, ...); the generator then picks another.
-# Values a call must copy from a request are one word each (one token for the scratch tokenizer): a
-# model built from scratch learns to copy a word within minutes, a phrase only much later.
 
 NOUNS = ["apple", "bread", "candle", "garden", "guitar", "lemon", "pencil", "rocket", "silver", "violin"]
-"""One-word values: file and folder names, file contents, ticket titles, notes, messages, search words.
-LEARNER EDIT POINT: the world's difficulty. A model built from scratch learns to copy a value it has seen
-many times within minutes; a larger pool (try a hundred words) makes it learn to copy any word, slowly."""
+"""The values a call copies from a request: file and folder names, file contents, ticket titles, notes, messages,
+search words. One word each (one token for the scratch tokenizer): a model built from scratch learns to copy a
+word it has seen many times within minutes, a phrase only much later. LEARNER EDIT POINT: the world's difficulty;
+a larger pool (try a hundred words) makes it learn to copy any word, slowly."""
 EXTENSIONS = ["txt", "md"]
 FILE_NAMES = [f"{noun}.{ext}" for noun in NOUNS for ext in EXTENSIONS]
 LINES = ["buy milk", "call the bank", "meeting at noon", "fix the printer", "send the invoice", "water plants"]
@@ -141,7 +137,6 @@ class Domain:
 
     def __init__(self, rng: random.Random, large: bool):
         self.rng = rng
-        self.large = large
         self.focus = None
         """What the session is about (a file, a ticket, a person, a stock): later requests return to it."""
 
@@ -376,15 +371,9 @@ class Messages(Domain):
         self.inbox = [{self.users[rng.choice(names[1:])]: rng.choice(NOUNS)} for _ in range(rng.randint(1, 3))]
 
     def config(self):
-        return {
-            self.cls: {
-                "user_count": len(self.initial_users),
-                "user_map": dict(self.initial_users),
-                "inbox": [dict(m) for m in self.inbox],
-                "message_count": len(self.inbox),
-                "current_user": "USR001",
-            }
-        }
+        state = {"user_count": len(self.initial_users), "user_map": dict(self.initial_users)}
+        state |= {"inbox": [dict(m) for m in self.inbox], "message_count": len(self.inbox), "current_user": "USR001"}
+        return {self.cls: state}
 
     def req_send(self):
         name = self.pick(n for n, i in self.users.items() if i != "USR001")  # USR001 is the user themself
@@ -426,14 +415,7 @@ class Tickets(Domain):
         self.user = rng.choice(["ana", "ben", "cleo", "dan"])
         titles = rng.sample(NOUNS, rng.randint(5, 6) if large else rng.randint(2, 3))
         self.queue = [
-            {
-                "id": i + 1,
-                "title": t,
-                "description": "",
-                "status": "Open",
-                "priority": rng.randint(1, 5),
-                "created_by": self.user,
-            }
+            dict(id=i + 1, title=t, description="", status="Open", priority=rng.randint(1, 5), created_by=self.user)
             for i, t in enumerate(titles)
         ]
         self.initial = json.loads(json.dumps(self.queue))
@@ -466,10 +448,8 @@ class Tickets(Domain):
             return None
         ticket = self.pick(self.open)
         self.open.discard(ticket)
-        text = self.rng.choice(["Close ticket {}.", "Please close ticket number {}."])
-        return Request(
-            text.format(ticket), [call("close_ticket", ticket_id=ticket)], "Close a ticket.", f"Number {ticket}."
-        )
+        text = self.rng.choice(["Close ticket {}.", "Please close ticket number {}."]).format(ticket)
+        return Request(text, [call("close_ticket", ticket_id=ticket)], "Close a ticket.", f"Number {ticket}.")
 
     def req_resolve(self):
         if not self.open:
@@ -710,10 +690,8 @@ def signature(t: Task) -> str:
 def stream(seed: int, side: str, category: str, backends: tuple = ()):
     """Task ids of one side and category in index order; with `backends` (BFCL class names) only the tasks
     that use nothing else. A task keeps its id whatever the filter: the filter picks, it never changes one."""
-    index = 0
-    while True:
+    for index in itertools.count():
         id_ = task_id(seed, side, category, index)
-        index += 1
         if not backends or set(task(id_).involved_classes) <= set(backends):
             yield id_
 
@@ -791,26 +769,3 @@ def fingerprint(cfg: Config) -> str:
     for i in demo_ids(cfg):
         digest.update(signature(task(i)).encode())
     return digest.hexdigest()[:16]
-
-
-@dataclass
-class SetStats:
-    """Numbers that describe a task set (for the README and the tests)."""
-
-    tasks: int = 0
-    turns: list[int] = field(default_factory=list)
-    tools: list[int] = field(default_factory=list)
-    classes: dict[str, int] = field(default_factory=dict)
-
-
-def describe(ids: list[str]) -> SetStats:
-    """How many turns and tools the tasks have, and which back ends they use."""
-    stats = SetStats()
-    for i in ids:
-        t = task(i)
-        stats.tasks += 1
-        stats.turns.append(len(t.turns))
-        stats.tools.append(len(t.tools) + sum(len(d) for d in t.held_out.values()))
-        for c in t.involved_classes:
-            stats.classes[c] = stats.classes.get(c, 0) + 1
-    return stats

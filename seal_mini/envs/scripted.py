@@ -36,17 +36,11 @@ def ground_truth_call(text: str, methods: dict) -> tuple[str, dict]:
     return name, args
 
 
-def _signatures(task: Task) -> dict:
-    return public_methods(new_instances(task))
-
-
 def ground_truth_turns(task: Task, drop_last: bool = False) -> list[list[tuple[str, dict]]]:
-    methods = _signatures(task)
-    turns = []
-    for calls in task.ground_truth:
-        parsed = [ground_truth_call(c, methods) for c in calls]
-        turns.append(parsed[:-1] if drop_last and parsed else parsed)
-    return turns
+    """The ground truth as (name, arguments) calls per turn; drop_last leaves out each turn's last call."""
+    methods = public_methods(new_instances(task))
+    turns = [[ground_truth_call(c, methods) for c in calls] for calls in task.ground_truth]
+    return [calls[:-1] for calls in turns] if drop_last else turns
 
 
 @dataclass
@@ -109,7 +103,7 @@ def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[E
 
 
 POLICIES: dict[str, Callable[[Task], list]] = {
-    "ground_truth": lambda task: ground_truth_turns(task),
+    "ground_truth": ground_truth_turns,
     "empty": lambda task: [[] for _ in task.turns],
     "drop_last_call": lambda task: ground_truth_turns(task, drop_last=True),
 }

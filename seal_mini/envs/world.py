@@ -7,25 +7,19 @@ A recipe names the world (docs/your_tools.md has the whole story):
       tasks_file: examples/kitchen/tasks.jsonl
       tool_classes: [kitchen:Oven, kitchen:Pantry]
 
-Tool classes are back ends in BFCL's shape: every public method is a tool, its schema built from its typed
-signature and its docstring (a Google-style "Args:" section, as BFCL's own classes write them), or read
-from a JSON Lines file of BFCL tool docs that the class names in `_tool_docs`. A class is built with no
-arguments; a task's initial_config reaches it through `_load_scenario(state, long_context=False)` (BFCL's
-protocol) or, where the class has none, as public attributes: each key of the state replaces the attribute
-of that name, which the constructor must have set.
+Tool classes are back ends in BFCL's shape: every public method is a tool, its schema built from its typed signature
+and Google-style docstring, or read from the file of BFCL tool docs the class names in `_tool_docs`; a task's
+initial_config reaches a fresh instance through `_load_scenario` (BFCL's protocol) or as public attributes. Tasks
+use BFCL's field names (TASK_FIELDS). When the world loads, every line is checked and every task's ground truth is
+played through the kit's own episode and scored by BFCL's checker; a problem stops the load with one line naming
+the file, the line and the problem.
 
-Tasks use BFCL's field names (TASK_FIELDS). Every line is checked when the world loads, and the ground
-truth of every task is played on fresh instances through the kit's own episode and scored by BFCL's
-checker: each call must run without an error and the episode must pass. A problem stops the load with one
-line naming the file, the line and the problem.
-
-A class is registered under its name in BFCL's own table of back ends (CLASS_FILE_PATH_MAPPING), which
-BFCL's executor and the kit's harness (bfcl_class) both read, and its docs in bfcl.WORLD_DOCS, which
-tool_docs reads; a class named like one of BFCL's is refused. From then on the episode, the harness's
-guards (only public methods with literal arguments run, nothing the model wrote is eval()ed), the
-verifier, the diagnoser and the interface treat it as they treat BFCL's classes. Loading a world makes
-its ids known to seal_mini.envs.splits (TASKS): every program that looks a task up by id loads its run's
-split first.
+A class is registered under its name in BFCL's own table of back ends (CLASS_FILE_PATH_MAPPING), which BFCL's
+executor and the kit's harness (bfcl_class) both read, and its docs in bfcl.WORLD_DOCS, which tool_docs reads; a
+class named like one of BFCL's is refused. From then on the episode, the harness's guards (only public methods
+with literal arguments run, nothing the model wrote is eval()ed), the verifier, the diagnoser and the interface
+treat it as they treat BFCL's classes. Loading a world makes its ids known to seal_mini.envs.splits (TASKS):
+every program that looks a task up by id loads its run's split first.
 """
 
 from __future__ import annotations
@@ -159,11 +153,8 @@ def _method_doc(method, where: str) -> dict:
         elif isinstance(p.default, (str, int, float, bool)):
             spec["default"] = p.default
         properties[p.name] = spec
-    return {
-        "name": method.__name__,
-        "description": description,
-        "parameters": {"type": "dict", "properties": properties, "required": required},
-    }
+    parameters = {"type": "dict", "properties": properties, "required": required}
+    return {"name": method.__name__, "description": description, "parameters": parameters}
 
 
 def _shown(path) -> Path:
@@ -193,26 +184,19 @@ def _file_docs(cls: type, instance, where: str) -> list[dict]:
     methods = set(public_method_names(instance))
     docs = []
     for n, doc in _json_lines(path):
+        line = f"{path}:{n}"
         params = doc.get("parameters") if isinstance(doc, dict) else None
         if not isinstance(params, dict) or not isinstance(doc.get("description"), str):
-            raise ConfigError(
-                f'{path}:{n}: a tool doc is {{"name", "description", "parameters": {{"type": "dict", ...}}}}'
-            )
+            raise ConfigError(f'{line}: a tool doc is {{"name", "description", "parameters": {{"type": "dict", ...}}}}')
         if not isinstance(doc.get("name"), str) or doc["name"] not in methods:
-            raise ConfigError(f"{path}:{n}: {doc.get('name')!r} is no public method of {cls.__name__}")
+            raise ConfigError(f"{line}: {doc.get('name')!r} is no public method of {cls.__name__}")
         properties, required = params.get("properties", {}), params.get("required", [])
-        if (
-            not isinstance(properties, dict)
-            or not _is_list(list(properties.values()), dict)
-            or not _is_list(required, str)
-        ):
-            raise ConfigError(
-                f"{path}:{n}: parameters.properties maps names to schemas, parameters.required lists names"
-            )
+        if not (isinstance(properties, dict) and _is_list([*properties.values()], dict) and _is_list(required, str)):
+            raise ConfigError(f"{line}: parameters.properties maps names to schemas, parameters.required lists names")
         signature = inspect.signature(getattr(instance, doc["name"])).parameters
         unknown = [p for p in [*properties, *required] if p not in signature]
         if unknown:
-            raise ConfigError(f"{path}:{n}: {doc['name']} has no parameter {unknown[0]!r}")
+            raise ConfigError(f"{line}: {doc['name']} has no parameter {unknown[0]!r}")
         params["properties"] = {k: _enum_in_description(v) for k, v in properties.items()}
         docs.append(doc)
     missing = sorted(methods - {d["name"] for d in docs})
@@ -361,21 +345,19 @@ def _task(row, classes: list[str], index: dict[str, int], where: str) -> tuple[T
             raise bad(f"question turn {t} is empty (only a missed_function turn may be: the kit shows the new tools)")
     for t, calls in enumerate(truth):
         for text in calls:
+            call = f"ground_truth turn {t}: {text!r}"
             try:
                 name = _call_name(text)
             except ValueError as e:
-                raise bad(f"ground_truth turn {t}: {text!r}: {e}") from None
+                raise bad(f"{call}: {e}") from None
             if name not in docs:
-                raise bad(f"ground_truth turn {t}: {text!r}: {name} is no public method of {involved}")
+                raise bad(f"{call}: {name} is no public method of {involved}")
             if withheld.get(name, 0) > t:
-                raise bad(
-                    f"ground_truth turn {t}: {text!r}: missed_function withholds {name} until turn {withheld[name]}"
-                )
+                raise bad(f"{call}: missed_function withholds {name} until turn {withheld[name]}")
     if not any(truth):
         raise bad("ground_truth makes no call at all, so a model that does nothing would pass")
 
     index[category] = index.get(category, -1) + 1
-    held_out = {int(turn): [docs[n] for n in names] for turn, names in missed.items()}
     task = Task(
         id=id_,
         category=category,
@@ -385,7 +367,7 @@ def _task(row, classes: list[str], index: dict[str, int], where: str) -> tuple[T
         involved_classes=list(involved),
         ground_truth=truth,
         tools=[dict(d) for d in docs.values() if d["name"] not in withheld],
-        held_out=held_out,
+        held_out={int(turn): [docs[n] for n in names] for turn, names in missed.items()},
     )
     return task, side
 
