@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
-from seal_mini.distributed import from_rank0, is_main, world_size
+from seal_mini.distributed import from_rank0, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
-from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, public_only, require, suite_result
-from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_jsonl_gz
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
 CHUNK = 32
@@ -371,11 +371,7 @@ def evaluate_bfcl_v4(
             rows += _run_questions(agent, questions, partial, column, progress)
 
     result = suite_result(suite, tag, agent.name, source, rows, columns, skipped)
-    if is_main():
-        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", prereq_rows + rows)
-        write_json(out_dir / f"{tag}.json", result)
-        shutil.rmtree(partial)
-    return result
+    return save_result(out_dir, tag, prereq_rows + rows, result)
 
 
 def _open(partial: Path, identity: dict, snapshots: Path) -> None:
@@ -425,17 +421,15 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
 def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
     done = from_rank0(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
     todo = questions[len(done) :]
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress or not is_main())
     piece = CHUNK * world_size()  # under torchrun each rank plays CHUNK questions of a piece at once
     return play_in_pieces(
         todo,
         piece,
-        lambda share: _play_questions(agent, share, bar),
+        lambda share, bar: _play_questions(agent, share, bar),
         done,
         lambda n: partial / f"{column}.q{n:05d}.jsonl.gz",
-        bar,
+        f"eval {column}",
+        progress,
     )
 
 

@@ -40,7 +40,6 @@ import functools
 import json
 import os
 import re
-import shutil
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import cache
@@ -48,11 +47,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
-from seal_mini.distributed import from_rank0, is_main, world_size
+from seal_mini.distributed import from_rank0, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
-from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import resume_pieces
 
 CHUNK = 16
 """Tasks per saved piece of work."""
@@ -650,13 +649,8 @@ def evaluate_tau2(
         done_rows = from_rank0(resume_pieces, partial, identity)  # the pieces already finished
         done = {(r["column"], r["task_id"]) for r in done_rows}
         todo = [(d, task) for d, task in tasks if (d, task.id) not in done]
-        from tqdm import tqdm
 
-        bar = tqdm(
-            total=len(tasks), initial=len(tasks) - len(todo), desc=f"tau2 {tag}", disable=not progress or not is_main()
-        )
-
-        def play(chunk: list) -> list[dict]:
+        def play(chunk: list, bar) -> list[dict]:
             envs = [Tau2Episode(d, task, user, cfg.ood.tau2_max_steps) for d, task in chunk]
             records = agent.run(envs, progress=bar) if envs else []
             return [
@@ -665,16 +659,14 @@ def evaluate_tau2(
             ]
 
         piece = chunk_size * world_size()  # under torchrun each rank plays chunk_size tasks of a piece at once
-        done_rows = play_in_pieces(todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", bar)
+        done_rows = play_in_pieces(
+            todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", f"tau2 {tag}", progress
+        )
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
     result = suite_result(TAU2.name, tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
-    if is_main():
-        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
-        write_json(out_dir / f"{tag}.json", result)
-        shutil.rmtree(partial)
-    return result
+    return save_result(out_dir, tag, rows, result)
 
 
 def _run(agent, cfg: Config, out_dir: Path, tag: str, source: str = "", progress: bool = True) -> dict:
