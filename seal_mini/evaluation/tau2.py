@@ -37,12 +37,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import os
 import re
-from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,7 +67,7 @@ _OFFLINE_ENV = {
 _CALL_BLOCK = re.compile(re.escape(OPEN) + r".*?(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 
 
-@cache
+@functools.cache
 def tau2() -> SimpleNamespace:
     """tau2's pieces this suite uses, imported once, offline and quietly."""
     for key, value in _OFFLINE_ENV.items():
@@ -105,7 +104,7 @@ def tau2() -> SimpleNamespace:
     )
 
 
-@cache
+@functools.cache
 def _domain_tasks(domain: str) -> tuple:
     return tuple(tau2().registry.get_tasks_loader(domain)())
 
@@ -148,9 +147,8 @@ def _strip_calls(text: str) -> str:
 class Tau2Episode:
     """One tau2 task as a reset / step episode. `trajectory` holds tau2's own message objects."""
 
-    def __init__(self, domain: str, task, user, max_steps: int, max_errors: int = MAX_ERRORS):
-        self.domain, self.task, self.user = domain, task, user
-        self.max_steps, self.max_errors = max_steps, max_errors
+    def __init__(self, domain: str, task, user, max_steps: int):
+        self.domain, self.task, self.user, self.max_steps = domain, task, user, max_steps
         self.done = False
 
     # -- the engine's contract ---------------------------------------------------------------------
@@ -210,14 +208,13 @@ class Tau2Episode:
                 observation.append({"role": "tool", "name": checked.name or "", "content": f"Error: {checked.message}"})
                 continue
             self.n_calls += 1
-            calls.append(
-                t.msg.ToolCall(id=f"call_{self.n_calls}", name=checked.name, arguments=copy.deepcopy(checked.arguments))
-            )
+            call_id = f"call_{self.n_calls}"
+            calls.append(t.msg.ToolCall(id=call_id, name=checked.name, arguments=copy.deepcopy(checked.arguments)))
             observation.append(None)  # filled with the environment's answer below, in call order
         if calls:
             prose = _strip_calls(text)
             self.trajectory.append(t.msg.AssistantMessage(role="assistant", content=prose or None, tool_calls=calls))
-            answers = iter(self._dispatch(calls))
+            answers = iter([{"role": "tool", "name": c.name, "content": self._answer(c).content or ""} for c in calls])
             observation = [o if o is not None else next(answers) for o in observation]
         # tau2 counts the agent's message (to the environment) and the environment's answer as two steps
         self._count_step(to_env=True)
@@ -252,11 +249,7 @@ class Tau2Episode:
             messages=self.trajectory,
         )
         info = t.evaluate_simulation(
-            simulation=simulation,
-            task=task,
-            evaluation_type=t.EvaluationType.ALL,
-            solo_mode=False,
-            domain=self.domain,
+            simulation=simulation, task=task, evaluation_type=t.EvaluationType.ALL, solo_mode=False, domain=self.domain
         )
         return {
             "reward": float(info.reward),
@@ -269,15 +262,12 @@ class Tau2Episode:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _dispatch(self, calls: list) -> list[dict]:
-        """Tool calls through tau2's environment; returns one chat tool message per call."""
-        out = []
-        for call in calls:
-            answer = self.environment.get_response(call)  # tau2 turns a tool's exception into "Error: ..."
-            self.trajectory.append(answer)
-            self.errors += answer.error
-            out.append({"role": "tool", "name": call.name, "content": answer.content or ""})
-        return out
+    def _answer(self, call):
+        """A tool call (the agent's or the user's) through tau2's environment; its answer is recorded and counted."""
+        answer = self.environment.get_response(call)  # tau2 turns a tool's exception into "Error: ..."
+        self.trajectory.append(answer)
+        self.errors += answer.error
+        return answer
 
     def _user_turn(self, message) -> list[dict]:
         """The user simulator answers `message`; its own tool calls run until it writes to the agent."""
@@ -298,12 +288,7 @@ class Tau2Episode:
                 self._count_step(to_env=False)
                 return [{"role": "user", "content": reply.content}]
             self._count_step(to_env=True)
-            answers = []
-            for call in reply.tool_calls:
-                answer = self.environment.get_response(call)
-                self.trajectory.append(answer)
-                self.errors += answer.error
-                answers.append(answer)
+            answers = [self._answer(call) for call in reply.tool_calls]
             self._count_step(to_env=False)
             if self.done:
                 return []
@@ -317,7 +302,7 @@ class Tau2Episode:
         reason = tau2().TerminationReason
         if self.steps >= self.max_steps:
             self._end(reason.MAX_STEPS)
-        if self.errors >= self.max_errors:
+        if self.errors >= MAX_ERRORS:
             self._end(reason.TOO_MANY_ERRORS)
 
     def _end(self, reason, note: str = "") -> None:
@@ -403,7 +388,7 @@ class InProcessUser:
     scenario), roles flipped as tau2 flips them, generated with the policy's chat template.
 
     Called from inside the agent's step(), while the rollout engine waits, so it can share the
-    policy's weights: with `adapter_off` the adapter is disabled for its tokens only."""
+    policy's weights, with its adapter disabled for the user's tokens only."""
 
     def __init__(
         self,
@@ -412,12 +397,10 @@ class InProcessUser:
         temperature: float = 0.0,
         max_new_tokens: int = 256,
         max_prompt_tokens: int = 8192,
-        adapter_off: bool = True,
         seed: int = 0,
     ):
-        self.policy, self.description = policy, description
+        self.policy, self.description, self.seed = policy, description, seed
         self.temperature, self.max_new_tokens, self.max_prompt_tokens = temperature, max_new_tokens, max_prompt_tokens
-        self.adapter_off, self.seed = adapter_off, seed
 
     def for_task(self, task, user_tools):
         """A fresh simulator for one task (its own sampling generator, so results do not depend on order)."""
@@ -434,7 +417,7 @@ class InProcessUser:
         if len(ids) > self.max_prompt_tokens:
             raise UserSimulatorError(f"user simulator prompt of {len(ids)} tokens is over {self.max_prompt_tokens}")
         out: list[int] = []
-        with torch.no_grad(), self.policy.backbone() if self.adapter_off else nullcontext():
+        with torch.no_grad(), self.policy.backbone():
             step_ids = torch.tensor([ids], device=self.policy.device)  # (1, T)
             cache_ = None
             for _ in range(self.max_new_tokens):
@@ -477,11 +460,8 @@ class _ModelUserSim:
             checked = item if isinstance(item, CallError) else validate_call(item, self.tools)
             if not isinstance(checked, CallError):  # a malformed device call is dropped, like unparsable text
                 self.n_calls += 1
-                calls.append(
-                    msg.ToolCall(
-                        id=f"user_call_{self.n_calls}", name=checked.name, arguments=checked.arguments, requestor="user"
-                    )
-                )
+                call_id = f"user_call_{self.n_calls}"
+                calls.append(msg.ToolCall(id=call_id, name=checked.name, arguments=checked.arguments, requestor="user"))
         if calls:
             reply = msg.UserMessage(role="user", tool_calls=calls)
         else:
@@ -575,17 +555,12 @@ def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
         if writes:
             actions.pop(writes[-1])
     script: list[str] = []
-    asks: list[str] = []
-    for action in actions:
-        if action.requestor == "user":
-            asks.append(f"{USER_ACTION} {json.dumps({'name': action.name, 'arguments': action.arguments})}")
-            continue
-        if asks:
+    for by_user, group in itertools.groupby(actions, key=lambda a: a.requestor == "user"):
+        if by_user:  # a run of device actions: one message asks for them all
+            asks = [f"{USER_ACTION} {json.dumps({'name': a.name, 'arguments': a.arguments})}" for a in group]
             script.append("Please do this on your phone:\n" + "\n".join(asks))
-            asks = []
-        script.append(format_call(action.name, action.arguments))
-    if asks:
-        script.append("Please do this on your phone:\n" + "\n".join(asks))
+        else:
+            script += [format_call(a.name, a.arguments) for a in group]
     info = list(criteria.communicate_info or []) if criteria else []
     script.append(" ".join(["Thank you, everything is done."] + info))
     return script
