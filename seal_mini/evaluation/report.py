@@ -256,7 +256,7 @@ def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
         evals = run["evals"]
         points = sorted((int(tag.split("_")[1]), e) for tag, e in evals.items() if tag.startswith("step_"))
         final_step = [run["metrics"][-1]["step"] + 1] if run["metrics"] else []
-        axis += [0, *(s for s, _ in points), *final_step]  # the whole of training, evaluated there or not
+        axis += [0, *(s for s, _ in points), *final_step]  # from step 0 to the end, evaluated there or not
         if "adapter" in evals and final_step:
             points.append((final_step[0], evals["adapter"]))
         if "base" in evals:
