@@ -6,6 +6,7 @@ and every suite run their episodes through these.
 from __future__ import annotations
 
 import copy
+import shutil
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from seal_mini.config import Config, ConfigError
 from seal_mini.distributed import is_main, split_work
 from seal_mini.envs.scripted import POLICIES, play
-from seal_mini.runio import write_jsonl_gz
+from seal_mini.runio import write_json, write_jsonl_gz
 
 
 class ModelAgent:
@@ -137,12 +138,16 @@ def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, *
     }
 
 
-def play_in_pieces(todo: list, piece: int, play: Callable[[list], list[dict]], done: list, piece_path, bar) -> list:
+def play_in_pieces(todo: list, piece: int, play: Callable, done: list, piece_path, desc: str, progress: bool) -> list:
     """Play `todo` a piece at a time, each rank its share (split_work); rank 0 saves every finished piece at
     piece_path(rows done before it), so a stopped evaluation resumes after its last piece. Returns `done`
-    with the new rows appended, in order; `bar` (tqdm) ends at the number of rows done."""
+    with the new rows appended, in order. play(share, bar) plays a share, one row per item; `bar` (tqdm,
+    shown on rank 0 when `progress`) starts at the rows already done and moves as episodes finish."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(done) + len(todo), initial=len(done), desc=desc, disable=not progress or not is_main())
     for start in range(0, len(todo), piece):
-        rows = split_work(todo[start : start + piece], play)
+        rows = split_work(todo[start : start + piece], lambda share: play(share, bar))
         if is_main():
             write_jsonl_gz(Path(piece_path(len(done))), rows)
         done += rows
@@ -150,3 +155,12 @@ def play_in_pieces(todo: list, piece: int, play: Callable[[list], list[dict]], d
             bar.update(len(done) - bar.n)
     bar.close()
     return done
+
+
+def save_result(out_dir: Path, tag: str, rows: list[dict], result: dict) -> dict:
+    """Rank 0 writes <tag>.json and <tag>.trajectories.jsonl.gz, then drops the finished pieces; returns `result`."""
+    if is_main():
+        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
+        write_json(out_dir / f"{tag}.json", result)
+        shutil.rmtree(out_dir / f"{tag}.partial")
+    return result

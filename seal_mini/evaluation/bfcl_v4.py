@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
-from seal_mini.distributed import from_rank0, is_main, world_size
+from seal_mini.distributed import from_rank0, world_size
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
-from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, public_only, require, suite_result
-from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import FileError, open_partial, read_jsonl_gz, read_pieces, write_jsonl_gz
 
 WEB_SEARCH_COLUMNS = ("web_search_base", "web_search_no_snippet")
 CHUNK = 32
@@ -85,6 +85,14 @@ def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scena
     number still covers every scenario; only the scenarios of the chosen questions get their chains."""
     root = bfcl_root() / "data"
     class_name = f"MemoryAPI_{column.removeprefix('memory_')}"
+
+    def agentic(entry: dict, scenario: str, answers: list[str]) -> AgenticTask:
+        # the entry under this back end's name, with what BFCL's harness gives a memory back end: where
+        # snapshots live, whose they are
+        entry_id = entry["id"].replace("memory", column, 1)
+        config = {"model_result_dir": snapshot_root, "test_id": entry_id, "scenario": scenario}
+        return _agentic_task({**entry, "id": entry_id}, column, class_name, config, answers, scenario)
+
     answers = {e["id"]: e["ground_truth"] for e in read_jsonl(root / "possible_answer" / "BFCL_v4_memory.json")}
     by_scenario: dict[str, list[dict]] = {s: [] for s in scenarios}
     for entry in read_jsonl(root / "BFCL_v4_memory.json"):
@@ -93,34 +101,11 @@ def memory_tasks(column: str, snapshot_root: Path, max_questions: int = 0, scena
     rounds = max((len(v) for v in by_scenario.values()), default=0)
     ordered = [by_scenario[s][i] for i in range(rounds) for s in scenarios if i < len(by_scenario[s])]
     chosen = ordered[:max_questions] if max_questions else ordered
-
-    def config(entry_id: str, scenario: str) -> dict:
-        # What BFCL's harness gives a memory back end: where snapshots live, whose they are.
-        return {"model_result_dir": snapshot_root, "test_id": entry_id, "scenario": scenario}
-
-    questions = []
-    for entry in chosen:
-        entry_id = entry["id"].replace("memory", column, 1)
-        with_id = {**entry, "id": entry_id}
-        questions.append(
-            _agentic_task(
-                with_id,
-                column,
-                class_name,
-                config(entry_id, entry["scenario"]),
-                answers[entry["id"]],
-                entry["scenario"],
-            )
-        )
+    questions = [agentic(entry, entry["scenario"], answers[entry["id"]]) for entry in chosen]
     chains = {}
     for scenario in dict.fromkeys(q.scenario for q in questions):
-        chain = []
-        for entry in read_jsonl(root / "memory_prereq_conversation" / f"memory_{scenario}.json"):
-            entry_id = entry["id"].replace("memory", column, 1)
-            chain.append(
-                _agentic_task({**entry, "id": entry_id}, column, class_name, config(entry_id, scenario), [], scenario)
-            )
-        chains[scenario] = chain
+        prereqs = read_jsonl(root / "memory_prereq_conversation" / f"memory_{scenario}.json")
+        chains[scenario] = [agentic(entry, scenario, []) for entry in prereqs]
     return chains, questions
 
 
@@ -163,16 +148,12 @@ class AgenticEpisode(Episode):
 
         parts = []
         if self.item.column.startswith("memory_"):
+            unified = self.item.column == "memory_rec_sum"
+            template = MEMORY_BACKEND_INSTRUCTION_UNIFIED if unified else MEMORY_BACKEND_INSTRUCTION_CORE_ARCHIVAL
             backend = next(iter(self.instances.values()))
-            template = (
-                MEMORY_BACKEND_INSTRUCTION_UNIFIED
-                if self.item.column == "memory_rec_sum"
-                else MEMORY_BACKEND_INSTRUCTION_CORE_ARCHIVAL
-            )
             memory = backend._dump_core_memory_to_context()  # our own call, never reachable by the model
-            parts.append(
-                template.format(scenario_setting=MEMORY_AGENT_SETTINGS[self.item.scenario], memory_content=memory)
-            )
+            setting = MEMORY_AGENT_SETTINGS[self.item.scenario]
+            parts.append(template.format(scenario_setting=setting, memory_content=memory))
         if not self.item.prereq:  # BFCL asks for its answer format on scored questions only
             parts.append(ADDITIONAL_SYSTEM_PROMPT_FOR_AGENTIC_RESPONSE_FORMAT)
         return [{"role": "system", "content": "\n\n".join(parts)}] + first, tools
@@ -297,7 +278,6 @@ def _import_backend(suite: Suite, column: str, cfg: Config) -> None:
 def _import_vector_backend(folder: str) -> None:
     """BFCL's vector back end loads its embedder by hub name when imported; point it at a local folder."""
     import importlib
-    import sys
 
     name = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_vector"
     if name in sys.modules:
@@ -371,11 +351,7 @@ def evaluate_bfcl_v4(
             rows += _run_questions(agent, questions, partial, column, progress)
 
     result = suite_result(suite, tag, agent.name, source, rows, columns, skipped)
-    if is_main():
-        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", prereq_rows + rows)
-        write_json(out_dir / f"{tag}.json", result)
-        shutil.rmtree(partial)
-    return result
+    return save_result(out_dir, tag, prereq_rows + rows, result)
 
 
 def _open(partial: Path, identity: dict, snapshots: Path) -> None:
@@ -423,27 +399,19 @@ def _run_chains(agent, chains: dict[str, list[AgenticTask]], done_file: Path, sn
 
 
 def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: str, progress: bool):
+    """`agent` on each question not yet done, scored by BFCL's agentic checker: one row per question."""
+
+    def play(items: list[AgenticTask], bar) -> list[dict]:
+        envs = [AgenticEpisode(item) for item in items]
+        records = agent.run(envs, progress=bar) if envs else []
+        return [_row(item, env, record, *score(env)) for item, env, record in zip(items, envs, records, strict=True)]
+
     done = from_rank0(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
-    todo = questions[len(done) :]
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(questions), initial=len(done), desc=f"eval {column}", disable=not progress or not is_main())
     piece = CHUNK * world_size()  # under torchrun each rank plays CHUNK questions of a piece at once
+    todo = questions[len(done) :]
     return play_in_pieces(
-        todo,
-        piece,
-        lambda share: _play_questions(agent, share, bar),
-        done,
-        lambda n: partial / f"{column}.q{n:05d}.jsonl.gz",
-        bar,
+        todo, piece, play, done, lambda n: partial / f"{column}.q{n:05d}.jsonl.gz", f"eval {column}", progress
     )
-
-
-def _play_questions(agent, items: list[AgenticTask], bar) -> list[dict]:
-    """`agent` on each question, scored by BFCL's agentic checker: one row per question."""
-    envs = [AgenticEpisode(item) for item in items]
-    records = agent.run(envs, progress=bar) if envs else []
-    return [_row(item, env, record, *score(env)) for item, env, record in zip(items, envs, records, strict=True)]
 
 
 # --- the two suites (listed in seal_mini.evaluation.suites.SUITES) ----------------------------------------

@@ -10,18 +10,18 @@ is seal_mini/programs/eval.py.
 from __future__ import annotations
 
 import copy
-import shutil
+from collections import Counter
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, EVAL_LIMITS, Config, ConfigError
-from seal_mini.distributed import from_rank0, is_main, world_size
+from seal_mini.distributed import from_rank0, world_size
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS, QWEN_FC, Protocol
 from seal_mini.envs.splits import split_name
 from seal_mini.envs.verifier import CHECKER_RAISED
-from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces
-from seal_mini.runio import read_json, resume_pieces, write_json, write_jsonl_gz
+from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces, save_result
+from seal_mini.runio import read_json, resume_pieces
 
 CHUNK = 32
 """Tasks per saved piece of work."""
@@ -62,19 +62,15 @@ def evaluate(
     done_rows = from_rank0(resume_pieces, partial, identity)  # resume: the pieces already finished
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
-    from tqdm import tqdm
-
-    bar = tqdm(
-        total=len(tasks), initial=len(tasks) - len(todo), desc=f"eval {tag}", disable=not progress or not is_main()
-    )
     piece = chunk_size * world_size()  # each rank plays chunk_size episodes of a piece at once
     done_rows = play_in_pieces(
         todo,
         piece,
-        lambda share: play_tasks(agent, share, bar, PROTOCOLS[cfg.model.protocol]),
+        lambda share, bar: play_tasks(agent, share, bar, PROTOCOLS[cfg.model.protocol]),
         done_rows,
         lambda n: partial / f"{n:06d}.jsonl.gz",
-        bar,
+        f"eval {tag}",
+        progress,
     )
 
     by_id = {r["task_id"]: r for r in done_rows}
@@ -87,7 +83,7 @@ def evaluate(
         "success": success_table(rows),
         "passed": {c: sum(r["reward"] for r in rows if r["category"] == c) for c in CATEGORIES},
         "total": {c: sum(1 for r in rows if r["category"] == c) for c in CATEGORIES},
-        "label_counts": _label_counts(rows),
+        "label_counts": dict(Counter(z for r in rows for z in r["labels"])),
         "split": split_name(cfg),
         "limits": {k: getattr(cfg.rollout, k) for k in EVAL_LIMITS},
         # episodes a token limit cut: a message cut short, or the episode ended (a first prompt over the limit
@@ -97,11 +93,7 @@ def evaluate(
         },
         "checker_raised": sum(r["error_type"] == CHECKER_RAISED for r in rows),  # failed, the run went on
     }
-    if is_main():
-        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
-        write_json(out_dir / f"{tag}.json", result)
-        shutil.rmtree(partial)
-    return result
+    return save_result(out_dir, tag, rows, result)
 
 
 def heldin_config(cfg: Config) -> Config:
@@ -138,14 +130,6 @@ def play_tasks(agent, tasks: list[Task], progress=None, protocol: Protocol = QWE
             }
         )
     return rows
-
-
-def _label_counts(rows: list[dict]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in rows:
-        for z in r["labels"]:
-            counts[z] = counts.get(z, 0) + 1
-    return counts
 
 
 def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import ipaddress
 import socket
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from seal_mini.config import Config, ConfigError
@@ -149,7 +147,7 @@ class Suite:
     """run(agent, cfg, out_dir, tag, source="", progress=True) -> the result; writes <out_dir>/<tag>.json."""
     scripted: Callable[[str], ScriptedAgent]
     """Its scripted agent of a mode (`eval --scripted MODE`); an unknown mode is a ConfigError."""
-    guard: Callable[[], AbstractContextManager] = loopback_only
+    guard: Callable[[], contextlib.AbstractContextManager] = loopback_only
     """The network it may reach while it runs (web search: the public internet only)."""
     domains: str = ""
     """The cfg.ood key that `eval --domains` sets; empty: --domains does not apply."""

@@ -51,25 +51,26 @@ REMOVE = "restore it, or delete it (the report then leaves it out)"
 
 
 PAPER_TABLE1 = {
-    "Qwen/Qwen2.5-3B-Instruct": (5.75, 9.25, 14.00),
-    "Qwen/Qwen2.5-7B-Instruct": (14.00, 30.75, 40.25),
-    "Team-ACE/ToolACE-2-Llama-3.1-8B": (32.00, 38.50, 46.75),
+    "Qwen/Qwen2.5-3B-Instruct": {"backbone": 5.75, "vanilla RL": 9.25, "SEAL": 14.00},
+    "Qwen/Qwen2.5-7B-Instruct": {"backbone": 14.00, "vanilla RL": 30.75, "SEAL": 40.25},
+    "Team-ACE/ToolACE-2-Llama-3.1-8B": {"backbone": 32.00, "vanilla RL": 38.50, "SEAL": 46.75},
 }
-"""The paper's Table 1 (BFCL V3 multi-turn, mean of the four categories, %): backbone, vanilla RL, SEAL."""
+"""The paper's Table 1 (BFCL V3 multi-turn, mean of the four categories, %) for each backbone."""
 PAPER_SPLIT = "recipes/splits/seal_release.json, which data.split_file names in the recipes that reproduce a row"
-
-
-def check_run_dir(run_dir: Path) -> None:
-    if not (run_dir / "config.yaml").exists() and not (run_dir / "eval").exists():
-        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
-    if (run_dir / "config.yaml").exists():
-        check_config_file(run_dir / "config.yaml")  # a damaged one: the run is not what its files say
 
 
 def load_run(run_dir: Path) -> dict:
     """Everything the report reads from one run directory."""
-    run_dir = Path(run_dir)
-    check_run_dir(run_dir)
+    run_dir, model = Path(run_dir), ""
+    config = run_dir / "config.yaml"
+    if not config.exists() and not (run_dir / "eval").exists():
+        raise ConfigError(f"report: {run_dir} is not a run directory (no config.yaml or eval/)")
+    if config.exists():
+        text = check_config_file(config)  # a damaged one: the run is not what its files say
+        with reading(config, REMOVE):
+            settings = load_yaml(text)
+        section = settings.get("model") if isinstance(settings, dict) else None
+        model = str(section.get("name", "")) if isinstance(section, dict) else ""  # the backbone it trained
     evals = {}
     for path in sorted((run_dir / "eval").glob("*.json")):
         evals[path.stem] = read_json(path, fix="restore it, or delete it and rerun the evaluation that wrote it")
@@ -83,7 +84,7 @@ def load_run(run_dir: Path) -> dict:
     return {
         "name": run_dir.name,
         "dir": run_dir,
-        "model": _model_name(run_dir),
+        "model": model,
         "metrics": read_metrics(run_dir),
         "evals": evals,
         "rounds": rounds,
@@ -91,18 +92,6 @@ def load_run(run_dir: Path) -> dict:
         "missing": missing,
         "writer": None if (held := writer(run_dir)) and held.get("pid") == os.getpid() else held,  # not our own
     }
-
-
-def _model_name(run_dir: Path) -> str:
-    """The backbone a run trained (its config.yaml), "" where it has none."""
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        return ""
-    text = check_config_file(path)
-    with reading(path, REMOVE):
-        settings = load_yaml(text)
-    model = settings.get("model") if isinstance(settings, dict) else None
-    return str(model.get("name", "")) if isinstance(model, dict) else ""
 
 
 def caveats(runs: list[dict]) -> str:
@@ -122,43 +111,45 @@ def caveats(runs: list[dict]) -> str:
 # --- tables -----------------------------------------------------------------------------------------
 
 
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the header, its rule, one line per row."""
+    lines = ["| " + " | ".join(cells) + " |" for cells in [header, *rows]]
+    lines.insert(1, "|" + "---|" * len(header))
+    return "\n".join(lines) + "\n"
+
+
+def listing(counts: dict) -> str:
+    """{"a": 1, "b": 2} as "a 1, b 2"."""
+    return ", ".join(f"{k} {n}" for k, n in counts.items())
+
+
 def table_main(run: dict) -> str:
     base, trained = run["evals"].get("base"), run["evals"].get("adapter")
     if not base and not trained:
         return "_No final evaluation in this run (eval/base.json, eval/adapter.json)._\n"
-    head = "| policy | " + " | ".join(COLUMNS) + " |\n|---|" + "---|" * len(COLUMNS) + "\n"
-    lines = []
+    rows = []
     if base:
-        lines.append(f"| backbone ({base['policy']}) | " + " | ".join(pct(base["success"].get(c)) for c in COLUMNS))
+        rows.append([f"backbone ({base['policy']})", *(pct(base["success"].get(c)) for c in COLUMNS)])
     if trained:
-        lines.append(f"| + SEAL ({run['name']}) | " + " | ".join(pct(trained["success"].get(c)) for c in COLUMNS))
+        rows.append([f"+ SEAL ({run['name']})", *(pct(trained["success"].get(c)) for c in COLUMNS)])
     if base and trained:
-        lines.append(
-            "| delta | " + " | ".join(delta(trained["success"].get(c), base["success"].get(c)) for c in COLUMNS)
-        )
+        rows.append(["delta", *(delta(trained["success"].get(c), base["success"].get(c)) for c in COLUMNS)])
     model = run["model"]
-    if model in PAPER_TABLE1:  # the paper's Table 1 row for this backbone: its mean only
-        for row, value in zip(
-            ("paper: backbone", "paper: vanilla RL", "paper: SEAL"), PAPER_TABLE1[model], strict=True
-        ):
-            lines.append(f"| {row} | " + " | ".join(f"{value:.2f}" if c == "mean" else "" for c in COLUMNS))
+    for row, value in PAPER_TABLE1.get(model, {}).items():  # the paper's Table 1 rows for this backbone: mean only
+        rows.append([f"paper: {row}", *(f"{value:.2f}" if c == "mean" else "" for c in COLUMNS)])
     result = trained or base
     n, split, limits = result["n_tasks"], result.get("split", "not recorded"), result.get("limits")
-    cut = {c: k for c, k in result.get("cut", {}).items() if k}
+    cut = listing({c: k for c, k in result.get("cut", {}).items() if k})
     notes = [f"Success rate (%), {n} held-in tasks ({split}), bare benchmark, greedy."]
     if limits:
         notes.append(
             f"Token limits: prompt {limits['max_prompt_tokens']}, message {limits['max_new_tokens']}, "
             f"response {limits['max_response_tokens']}, episode {limits['max_total_tokens']}; "
-            + (
-                f"episodes a limit cut (scored 0): {', '.join(f'{c} {k}' for c, k in cut.items())}."
-                if cut
-                else "none cut."
-            )
+            + (f"episodes a limit cut (scored 0): {cut}." if cut else "none cut.")
         )
     if model in PAPER_TABLE1:
         notes.append(f"Paper rows: its Table 1, on the authors' split ({PAPER_SPLIT}).")
-    return head + " |\n".join(lines) + " |\n\n" + " ".join(notes) + "\n"
+    return markdown_table(["policy", *COLUMNS], rows) + "\n" + " ".join(notes) + "\n"
 
 
 def table_ood(run: dict) -> str:
@@ -178,51 +169,41 @@ def table_ood(run: dict) -> str:
         values = [row[k] for k in columns if k in row]
         return sum(values) / len(values) if values else None
 
-    def line(name: str, cells: list[str]) -> str:
-        return f"| {name} | " + " | ".join(cells) + " |"
-
-    names = [f"{SUITES[s].prefix} {c}".strip() for s, c in columns]
-    lines = [line("policy", [*names, "average"]), "|---|" + "---|" * (len(columns) + 1)]
-    base, trained = scores["base"], scores["adapter"]
+    base, trained, rows = scores["base"], scores["adapter"], []
     if results["base"]:
         model = next(iter(results["base"].values()))["policy"]
-        lines.append(line(f"backbone ({model})", [pct(base.get(k)) for k in columns] + [pct(average(base))]))
+        rows.append([f"backbone ({model})", *(pct(base.get(k)) for k in columns), pct(average(base))])
     if results["adapter"]:
-        cells = [pct(trained.get(k)) for k in columns] + [pct(average(trained))]
-        lines.append(line(f"+ SEAL ({run['name']})", cells))
+        rows.append([f"+ SEAL ({run['name']})", *(pct(trained.get(k)) for k in columns), pct(average(trained))])
     if results["base"] and results["adapter"]:
         cells = [delta(trained.get(k), base.get(k)) for k in columns]
-        lines.append(line("delta", cells + [delta(average(trained), average(base))]))
+        rows.append(["delta", *cells, delta(average(trained), average(base))])
+    header = ["policy", *(f"{SUITES[s].prefix} {c}".strip() for s, c in columns), "average"]
 
     notes = ["", "Success rate (%), each suite scored by its own package."]
     for suite in suites:
         result = results["adapter"].get(suite) or results["base"][suite]
-        counts = ", ".join(f"{c} {n}" for c, n in result["total"].items())
-        notes.append(f"- {suite}: tasks per column: {counts or 'none'}.")
+        notes.append(f"- {suite}: tasks per column: {listing(result['total']) or 'none'}.")
         if result.get("user_simulator"):
             notes.append(f"  User simulator: {result['user_simulator']}.")
         for which, label in (("base", "backbone"), ("adapter", "trained")):
-            cut = {c: n for c, n in results[which].get(suite, {}).get("truncated", {}).items() if n}
+            cut = listing({c: n for c, n in results[which].get(suite, {}).get("truncated", {}).items() if n})
             if cut:
-                counts = ", ".join(f"{c} {n}" for c, n in cut.items())
-                notes.append(f"  Ended by a token limit (scored 0), {label}: {counts}.")
+                notes.append(f"  Ended by a token limit (scored 0), {label}: {cut}.")
         for column, reason in result["skipped"].items():
             notes.append(f"  {column} not run: {reason}.")
-    return "\n".join(lines + notes) + "\n"
+    return markdown_table(header, rows) + "\n".join(notes) + "\n"
 
 
 def table_ablation(runs: list[dict]) -> str:
-    head = "| run | " + " | ".join(COLUMNS) + " | delta mean vs backbone |\n|---|" + "---|" * (len(COLUMNS) + 1) + "\n"
-    lines = []
-    for run in runs:
-        trained, base = run["evals"].get("adapter"), run["evals"].get("base")
-        if not trained:
-            lines.append(f"| {run['name']} | " + " | ".join("-" for _ in COLUMNS) + " | - |")
-            continue
-        cells = " | ".join(pct(trained["success"].get(c)) for c in COLUMNS)
-        d = delta(trained["success"].get("mean"), base["success"].get("mean") if base else None)
-        lines.append(f"| {run['name']} | {cells} | {d} |")
-    return head + "\n".join(lines) + "\n"
+    rows = []
+    for run in runs:  # a run with no final evaluation shows "-" throughout
+        trained = (run["evals"].get("adapter") or {}).get("success", {})
+        base = (run["evals"].get("base") or {}).get("success", {})
+        rows.append(
+            [run["name"], *(pct(trained.get(c)) for c in COLUMNS), delta(trained.get("mean"), base.get("mean"))]
+        )
+    return markdown_table(["run", *COLUMNS, "delta mean vs backbone"], rows)
 
 
 def table_training(run: dict) -> str:
@@ -231,11 +212,8 @@ def table_training(run: dict) -> str:
         return "_No training metrics (metrics.jsonl)._\n"
     keys = ["charts/reward", "losses/kl_ref", "losses/clipfrac", "weights/mean", "adv/zero_frac"]
     keys = [k for k in keys if any(k in r for r in rows)]
-    head = "| step | " + " | ".join(keys) + " |\n|---|" + "---|" * len(keys) + "\n"
-    body = "\n".join(
-        f"| {r['step']} | " + " | ".join(f"{r[k]:.4f}" if k in r else "-" for k in keys) + " |" for r in rows
-    )
-    return head + body + "\n"
+    cells = [[str(r["step"]), *(f"{r[k]:.4f}" if k in r else "-" for k in keys)] for r in rows]
+    return markdown_table(["step", *keys], cells)
 
 
 # --- plots ------------------------------------------------------------------------------------------
@@ -251,8 +229,9 @@ def _plt():
 
 
 def save_figure(fig, path: Path) -> None:
-    """Render to memory, then write atomically like every other file: a stopped report never leaves
-    half an image under its real name."""
+    """Lay out, render to memory, then write atomically like every other file: a stopped report never
+    leaves half an image under its real name."""
+    fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     _plt().close(fig)
@@ -269,25 +248,20 @@ def _step_axis(ax, steps: list[int]) -> None:
     ax.set_xlabel("training step")
 
 
-def _eval_steps(run: dict) -> list[int]:
-    steps = [int(tag.split("_")[1]) for tag in run["evals"] if tag.startswith("step_")]
-    if run["metrics"]:
-        steps.append(run["metrics"][-1]["step"] + 1)
-    return [0, *steps]
-
-
 def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
-    drew = False
+    drew, axis = False, []
     for run in runs:
-        points = sorted((int(tag.split("_")[1]), e) for tag, e in run["evals"].items() if tag.startswith("step_"))
-        final_step = run["metrics"][-1]["step"] + 1 if run["metrics"] else None
-        if "adapter" in run["evals"] and final_step is not None:
-            points.append((final_step, run["evals"]["adapter"]))
-        if "base" in run["evals"]:
-            points.insert(0, (0, run["evals"]["base"]))
-        if len(points) < 1:
+        evals = run["evals"]
+        points = sorted((int(tag.split("_")[1]), e) for tag, e in evals.items() if tag.startswith("step_"))
+        final_step = [run["metrics"][-1]["step"] + 1] if run["metrics"] else []
+        axis += [0, *(s for s, _ in points), *final_step]  # from step 0 to the end, evaluated there or not
+        if "adapter" in evals and final_step:
+            points.append((final_step[0], evals["adapter"]))
+        if "base" in evals:
+            points.insert(0, (0, evals["base"]))
+        if not points:
             continue
         steps = [s for s, _ in points]
         for c in COLUMNS if len(runs) == 1 else ["mean"]:
@@ -298,12 +272,11 @@ def plot_eval_over_steps(runs: list[dict], path: Path) -> bool:
     if not drew:
         plt.close(fig)
         return False
-    _step_axis(ax, [s for run in runs for s in _eval_steps(run)])
+    _step_axis(ax, axis)
     ax.set_ylim(-3, 103)
     ax.set_ylabel("held-in success (%)")
     ax.set_title("Held-in success over training (bare benchmark)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     save_figure(fig, path)
     return True
 
@@ -358,29 +331,22 @@ def plot_curves(runs: list[dict], path: Path) -> bool:
         for i, run in enumerate(runs):
             for j, (key, what) in enumerate(keys.items()):
                 color, style = f"C{i * len(keys) + j}", ("-", "--", ":")[j]  # a colour per line, a dash per key
-                pts = [(r["step"], r[key]) for r in run["metrics"] if key in r]
+                xs = [r["step"] for r in run["metrics"] if key in r]
+                ys = [r[key] for r in run["metrics"] if key in r]
                 name = ", ".join(x for x in (run["name"] if len(runs) > 1 else "", what) if x)
-                xs, ys = [p[0] for p in pts], [p[1] for p in pts]
                 if smoothed and len(ys) > 2:  # the raw points faint, a centred moving average over them
                     half = max(1, len(ys) // 20)
                     prefix = f"{name}, " if name else ""
                     ax.plot(xs, ys, "-o", ms=2.5, lw=0.7, alpha=0.35, color=color, label=f"{prefix}each step")
-                    ax.plot(
-                        xs,
-                        moving_average(ys, half),
-                        style,
-                        lw=2,
-                        color=color,
-                        label=f"{prefix}mean of {2 * half + 1} steps",
-                    )
-                elif pts:
+                    mean = moving_average(ys, half)
+                    ax.plot(xs, mean, style, lw=2, color=color, label=f"{prefix}mean of {2 * half + 1} steps")
+                elif ys:
                     ax.plot(xs, ys, style, marker="o", ms=3, color=color, label=name or None)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
         _step_axis(ax, [r["step"] for run in runs for r in run["metrics"]])
         if ax.get_legend_handles_labels()[1]:
             ax.legend(fontsize=7)
-    fig.tight_layout()
     save_figure(fig, path)
     return True
 
@@ -419,7 +385,6 @@ def plot_labels(run: dict, path: Path) -> bool:
     ax.set_title("Failure-label profile per round")
     handles, names = ax.get_legend_handles_labels()  # beside the bars, in the order they stack (top first)
     ax.legend(handles[::-1], names[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
     save_figure(fig, path)
     return True
 
@@ -439,7 +404,6 @@ def plot_cues(run: dict, path: Path) -> bool:
     ax.set_yticklabels(cues, fontsize=8)
     _step_axis(ax, [r["step"] for r in rounds])
     ax.set_title("Interface cues active per round")
-    fig.tight_layout()
     save_figure(fig, path)
     return True
 
@@ -453,7 +417,6 @@ def plot_weights(run: dict, path: Path) -> bool:
     ax.set_xlabel("diagnostic weight w_j")
     ax.set_ylabel("trajectories")
     ax.set_title("Distribution of diagnostic weights (all rounds)")
-    fig.tight_layout()
     save_figure(fig, path)
     return True
 
@@ -466,19 +429,15 @@ def table_labels(run: dict) -> str:
     if not rounds:
         return "_No diagnosis recorded (train.diagnose off)._\n"
     labels = [z for z in LABELS if any(z in r["profile"] for r in rounds)]
-    head = "| step | " + " | ".join(labels) + " |\n|---|" + "---|" * len(labels) + "\n"
-    body = "\n".join(
-        f"| {r['step']} | " + " | ".join(str(r["profile"].get(z, {}).get("count", 0)) for z in labels) + " |"
-        for r in rounds
-    )
-    return head + body + "\n\nTurns per label in each round's training rollouts.\n"
+    cells = [[str(r["step"]), *(str(r["profile"].get(z, {}).get("count", 0)) for z in labels)] for r in rounds]
+    return markdown_table(["step", *labels], cells) + "\nTurns per label in each round's training rollouts.\n"
 
 
 def cue_table(run: dict) -> str:
     if not run["rounds"]:
         return "_No rounds recorded._\n"
-    lines = [f"| {r['step']} | {', '.join(active_cues(r.get('interface_used'))) or 'none'} |" for r in run["rounds"]]
-    return "| step | active cues |\n|---|---|\n" + "\n".join(lines) + "\n"
+    cells = [[str(r["step"]), ", ".join(active_cues(r.get("interface_used"))) or "none"] for r in run["rounds"]]
+    return markdown_table(["step", "active cues"], cells)
 
 
 def warm_start_summary(run_dir: Path) -> str:
@@ -488,8 +447,8 @@ def warm_start_summary(run_dir: Path) -> str:
         return ""
     sft = read_json(path)
     stats, log = sft["stats"], sft["log"]
-    faults = ", ".join(f"{k} {v}" for k, v in sorted(stats["faulted_turns"].items())) or "none"
-    labels = ", ".join(f"{k} {v}" for k, v in sorted(stats["labels"].items(), key=lambda kv: -kv[1]))
+    faults = listing(dict(sorted(stats["faulted_turns"].items()))) or "none"
+    labels = listing(dict(sorted(stats["labels"].items(), key=lambda kv: -kv[1])))
     return (
         f"Supervised fine-tuning on {stats['demonstrations']} demonstrations ({stats['with_a_fault']} carry a "
         f"fault) in {len(log)} steps, {sft['seconds']:.0f} s; loss {log[0]['sft/loss']:.3f} -> "
@@ -502,8 +461,7 @@ def weights_summary(run: dict) -> str:
     w = run["weights"]
     if not w:
         return "_No trajectories recorded._\n"
-    mean = sum(w) / len(w)
-    return f"{len(w)} trajectories: mean {mean:.3f}, min {min(w):.3f}, max {max(w):.3f}.\n"
+    return f"{len(w)} trajectories: mean {sum(w) / len(w):.3f}, min {min(w):.3f}, max {max(w):.3f}.\n"
 
 
 def build_report(run_dirs: list[Path], out_dir: Path, command: str = "report") -> Path:
@@ -528,8 +486,9 @@ def build_report(run_dirs: list[Path], out_dir: Path, command: str = "report") -
         notes = caveats(runs)
         parts = [f"# seal_mini report: {', '.join(r['name'] for r in runs)}\n", *([notes] if notes else [])]
         parts += ["## Result (Table 1 style)\n", table_main(main)]
-        if warm_start_summary(main["dir"]):  # the backbone row is a warm start built by seal_mini/training/sft.py
-            parts += ["## Warm start\n", warm_start_summary(main["dir"])]
+        warm = warm_start_summary(main["dir"])  # the backbone row is a warm start built by seal_mini/training/sft.py
+        if warm:
+            parts += ["## Warm start\n", warm]
         parts += ["## Out of distribution (Table 2 style)\n", table_ood(main)]
         if len(runs) > 1:
             parts += ["## Ablations (Table 3 style)\n", table_ablation(runs)]

@@ -37,22 +37,20 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import json
 import os
 import re
-import shutil
-from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
-from seal_mini.distributed import from_rank0, is_main, world_size
+from seal_mini.distributed import from_rank0, world_size
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
-from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, sending
+from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
-from seal_mini.runio import resume_pieces, write_json, write_jsonl_gz
+from seal_mini.runio import resume_pieces
 
 CHUNK = 16
 """Tasks per saved piece of work."""
@@ -69,7 +67,7 @@ _OFFLINE_ENV = {
 _CALL_BLOCK = re.compile(re.escape(OPEN) + r".*?(?:" + re.escape(CLOSE) + r"|$)", re.DOTALL)
 
 
-@cache
+@functools.cache
 def tau2() -> SimpleNamespace:
     """tau2's pieces this suite uses, imported once, offline and quietly."""
     for key, value in _OFFLINE_ENV.items():
@@ -106,7 +104,7 @@ def tau2() -> SimpleNamespace:
     )
 
 
-@cache
+@functools.cache
 def _domain_tasks(domain: str) -> tuple:
     return tuple(tau2().registry.get_tasks_loader(domain)())
 
@@ -149,9 +147,8 @@ def _strip_calls(text: str) -> str:
 class Tau2Episode:
     """One tau2 task as a reset / step episode. `trajectory` holds tau2's own message objects."""
 
-    def __init__(self, domain: str, task, user, max_steps: int, max_errors: int = MAX_ERRORS):
-        self.domain, self.task, self.user = domain, task, user
-        self.max_steps, self.max_errors = max_steps, max_errors
+    def __init__(self, domain: str, task, user, max_steps: int):
+        self.domain, self.task, self.user, self.max_steps = domain, task, user, max_steps
         self.done = False
 
     # -- the engine's contract ---------------------------------------------------------------------
@@ -211,14 +208,13 @@ class Tau2Episode:
                 observation.append({"role": "tool", "name": checked.name or "", "content": f"Error: {checked.message}"})
                 continue
             self.n_calls += 1
-            calls.append(
-                t.msg.ToolCall(id=f"call_{self.n_calls}", name=checked.name, arguments=copy.deepcopy(checked.arguments))
-            )
+            call_id = f"call_{self.n_calls}"
+            calls.append(t.msg.ToolCall(id=call_id, name=checked.name, arguments=copy.deepcopy(checked.arguments)))
             observation.append(None)  # filled with the environment's answer below, in call order
         if calls:
             prose = _strip_calls(text)
             self.trajectory.append(t.msg.AssistantMessage(role="assistant", content=prose or None, tool_calls=calls))
-            answers = iter(self._dispatch(calls))
+            answers = iter([{"role": "tool", "name": c.name, "content": self._answer(c).content or ""} for c in calls])
             observation = [o if o is not None else next(answers) for o in observation]
         # tau2 counts the agent's message (to the environment) and the environment's answer as two steps
         self._count_step(to_env=True)
@@ -253,11 +249,7 @@ class Tau2Episode:
             messages=self.trajectory,
         )
         info = t.evaluate_simulation(
-            simulation=simulation,
-            task=task,
-            evaluation_type=t.EvaluationType.ALL,
-            solo_mode=False,
-            domain=self.domain,
+            simulation=simulation, task=task, evaluation_type=t.EvaluationType.ALL, solo_mode=False, domain=self.domain
         )
         return {
             "reward": float(info.reward),
@@ -270,15 +262,12 @@ class Tau2Episode:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _dispatch(self, calls: list) -> list[dict]:
-        """Tool calls through tau2's environment; returns one chat tool message per call."""
-        out = []
-        for call in calls:
-            answer = self.environment.get_response(call)  # tau2 turns a tool's exception into "Error: ..."
-            self.trajectory.append(answer)
-            self.errors += answer.error
-            out.append({"role": "tool", "name": call.name, "content": answer.content or ""})
-        return out
+    def _answer(self, call):
+        """A tool call (the agent's or the user's) through tau2's environment; its answer is recorded and counted."""
+        answer = self.environment.get_response(call)  # tau2 turns a tool's exception into "Error: ..."
+        self.trajectory.append(answer)
+        self.errors += answer.error
+        return answer
 
     def _user_turn(self, message) -> list[dict]:
         """The user simulator answers `message`; its own tool calls run until it writes to the agent."""
@@ -299,12 +288,7 @@ class Tau2Episode:
                 self._count_step(to_env=False)
                 return [{"role": "user", "content": reply.content}]
             self._count_step(to_env=True)
-            answers = []
-            for call in reply.tool_calls:
-                answer = self.environment.get_response(call)
-                self.trajectory.append(answer)
-                self.errors += answer.error
-                answers.append(answer)
+            answers = [self._answer(call) for call in reply.tool_calls]
             self._count_step(to_env=False)
             if self.done:
                 return []
@@ -318,7 +302,7 @@ class Tau2Episode:
         reason = tau2().TerminationReason
         if self.steps >= self.max_steps:
             self._end(reason.MAX_STEPS)
-        if self.errors >= self.max_errors:
+        if self.errors >= MAX_ERRORS:
             self._end(reason.TOO_MANY_ERRORS)
 
     def _end(self, reason, note: str = "") -> None:
@@ -404,7 +388,7 @@ class InProcessUser:
     scenario), roles flipped as tau2 flips them, generated with the policy's chat template.
 
     Called from inside the agent's step(), while the rollout engine waits, so it can share the
-    policy's weights: with `adapter_off` the adapter is disabled for its tokens only."""
+    policy's weights, with its adapter disabled for the user's tokens only."""
 
     def __init__(
         self,
@@ -413,12 +397,10 @@ class InProcessUser:
         temperature: float = 0.0,
         max_new_tokens: int = 256,
         max_prompt_tokens: int = 8192,
-        adapter_off: bool = True,
         seed: int = 0,
     ):
-        self.policy, self.description = policy, description
+        self.policy, self.description, self.seed = policy, description, seed
         self.temperature, self.max_new_tokens, self.max_prompt_tokens = temperature, max_new_tokens, max_prompt_tokens
-        self.adapter_off, self.seed = adapter_off, seed
 
     def for_task(self, task, user_tools):
         """A fresh simulator for one task (its own sampling generator, so results do not depend on order)."""
@@ -435,7 +417,7 @@ class InProcessUser:
         if len(ids) > self.max_prompt_tokens:
             raise UserSimulatorError(f"user simulator prompt of {len(ids)} tokens is over {self.max_prompt_tokens}")
         out: list[int] = []
-        with torch.no_grad(), self.policy.backbone() if self.adapter_off else nullcontext():
+        with torch.no_grad(), self.policy.backbone():
             step_ids = torch.tensor([ids], device=self.policy.device)  # (1, T)
             cache_ = None
             for _ in range(self.max_new_tokens):
@@ -478,11 +460,8 @@ class _ModelUserSim:
             checked = item if isinstance(item, CallError) else validate_call(item, self.tools)
             if not isinstance(checked, CallError):  # a malformed device call is dropped, like unparsable text
                 self.n_calls += 1
-                calls.append(
-                    msg.ToolCall(
-                        id=f"user_call_{self.n_calls}", name=checked.name, arguments=checked.arguments, requestor="user"
-                    )
-                )
+                call_id = f"user_call_{self.n_calls}"
+                calls.append(msg.ToolCall(id=call_id, name=checked.name, arguments=checked.arguments, requestor="user"))
         if calls:
             reply = msg.UserMessage(role="user", tool_calls=calls)
         else:
@@ -576,17 +555,12 @@ def replay_script(env: Tau2Episode, drop_last_write: bool = False) -> list[str]:
         if writes:
             actions.pop(writes[-1])
     script: list[str] = []
-    asks: list[str] = []
-    for action in actions:
-        if action.requestor == "user":
-            asks.append(f"{USER_ACTION} {json.dumps({'name': action.name, 'arguments': action.arguments})}")
-            continue
-        if asks:
+    for by_user, group in itertools.groupby(actions, key=lambda a: a.requestor == "user"):
+        if by_user:  # a run of device actions: one message asks for them all
+            asks = [f"{USER_ACTION} {json.dumps({'name': a.name, 'arguments': a.arguments})}" for a in group]
             script.append("Please do this on your phone:\n" + "\n".join(asks))
-            asks = []
-        script.append(format_call(action.name, action.arguments))
-    if asks:
-        script.append("Please do this on your phone:\n" + "\n".join(asks))
+        else:
+            script += [format_call(a.name, a.arguments) for a in group]
     info = list(criteria.communicate_info or []) if criteria else []
     script.append(" ".join(["Thank you, everything is done."] + info))
     return script
@@ -650,13 +624,8 @@ def evaluate_tau2(
         done_rows = from_rank0(resume_pieces, partial, identity)  # the pieces already finished
         done = {(r["column"], r["task_id"]) for r in done_rows}
         todo = [(d, task) for d, task in tasks if (d, task.id) not in done]
-        from tqdm import tqdm
 
-        bar = tqdm(
-            total=len(tasks), initial=len(tasks) - len(todo), desc=f"tau2 {tag}", disable=not progress or not is_main()
-        )
-
-        def play(chunk: list) -> list[dict]:
+        def play(chunk: list, bar) -> list[dict]:
             envs = [Tau2Episode(d, task, user, cfg.ood.tau2_max_steps) for d, task in chunk]
             records = agent.run(envs, progress=bar) if envs else []
             return [
@@ -665,16 +634,14 @@ def evaluate_tau2(
             ]
 
         piece = chunk_size * world_size()  # under torchrun each rank plays chunk_size tasks of a piece at once
-        done_rows = play_in_pieces(todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", bar)
+        done_rows = play_in_pieces(
+            todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", f"tau2 {tag}", progress
+        )
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
     rows = [by_key[(d, task.id)] for d, task in tasks]
     result = suite_result(TAU2.name, tag, agent.name, source, rows, domains, {}, user_simulator=user.description)
-    if is_main():
-        write_jsonl_gz(out_dir / f"{tag}.trajectories.jsonl.gz", rows)
-        write_json(out_dir / f"{tag}.json", result)
-        shutil.rmtree(partial)
-    return result
+    return save_result(out_dir, tag, rows, result)
 
 
 def _run(agent, cfg: Config, out_dir: Path, tag: str, source: str = "", progress: bool = True) -> dict:
