@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 
 from seal_mini.config import ConfigError, DiagnosisConfig
+from seal_mini.core.diagnose import shorten
 from seal_mini.labels import REGISTRY
 
 # The closed sets the small model chooses from are declared with the labels (seal_mini/labels.py): finer
@@ -31,18 +32,13 @@ LABEL_DESCRIPTIONS: dict[str, str] = REGISTRY.descriptions
 (diagnose-check), never to overrule them."""
 
 
-def _clip(text, limit: int) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def turn_prompt(ev, finding: str = "") -> str:
     """A compact account of one turn (a seal_mini.core.diagnose.TurnEvidence) for the small model."""
-    lines = [f"User request: {_clip(ev.record.user_text, 300)}", "Assistant tool calls:"]
+    lines = [f"User request: {shorten(ev.record.user_text, 300)}", "Assistant tool calls:"]
     for e in ev.record.events[:8]:
         args = json.dumps(e.arguments) if e.arguments is not None else "?"
         result = e.error if e.error_kind else (e.output or "")
-        lines.append(f"- {e.name}({_clip(args, 120)}) -> {_clip(result, 120)}")
+        lines.append(f"- {e.name}({shorten(args, 120)}) -> {shorten(result, 120)}")
     if not ev.record.events:
         lines.append("- (none)")
     if finding:
@@ -159,7 +155,7 @@ def judge_from_config(cfg: DiagnosisConfig, policy=None, tokenizer=None) -> Labe
             model = AutoModelForCausalLM.from_pretrained(cfg.small_model_name)
         except (OSError, ValueError) as e:
             raise ConfigError(
-                f"diagnosis.small_model_name: cannot load {cfg.small_model_name!r} ({_clip(e, 200)}); "
+                f"diagnosis.small_model_name: cannot load {cfg.small_model_name!r} ({shorten(e, 200)}); "
                 "name a local model folder or leave it empty to use the frozen base policy"
             ) from None
         return LabelJudge(model.eval(), tok)
