@@ -69,22 +69,17 @@ def update(
     `positions` says where each trajectory stands in the round (default: they are the round, in order).
     With several ranks each holds some of the round: it computes the gradients of its part of every
     mini-batch, and the mini-batch's counts and the gradients are summed over the ranks before the step.
+    Each segment of a trajectory (a prompt BFCL wrote anew, Trajectory.segments) is a sequence of its own,
+    with its trajectory's advantage; the aggregation still counts the trajectory as one sequence.
+    `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
+    is then advantages[i] x scales[i][t] (grpo.turn_scales). `progress` (a tqdm bar) counts this rank's
+    sequences through each forward pass.
 
     A mini-batch whose loss or gradient norm is not finite takes no step: its gradients are dropped, the
     skip is counted (losses/skipped_steps) and printed, and the averages leave it out. Every rank sees the
-    same summed loss and gradient, and any rank's non-finite value skips the step on all of them.
-
-    A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
-    the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits).
-
-    `progress` (a tqdm bar) counts this rank's sequences through a forward pass: its total is set here (each
-    sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back.
-
-    `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
-    is then advantages[i] x scales[i][t] (grpo.turn_scales).
-
-    Each segment of a trajectory (a prompt BFCL wrote anew, Trajectory.segments) is a sequence of its own,
-    with its trajectory's advantage; the aggregation still counts the trajectory as one sequence."""
+    same summed loss and gradient, and any rank's non-finite value skips the step on all of them. A CUDA
+    out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half the
+    log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
     model, tc = policy.model, cfg.train
     progress = tqdm(disable=True) if progress is None else progress
     params = policy.trainable_parameters()
@@ -175,12 +170,11 @@ def accumulate_gradients(
     counts: MiniBatchCounts,
     cfg: Config,
     progress: tqdm,
-    whole: torch.Tensor | None = None,
+    whole: torch.Tensor,
 ) -> dict[str, float]:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
-    `advantages` is one per sequence (B,), or a list of one per token for each sequence. `progress` (a tqdm
-    bar) advances by each micro-batch's sequences. `whole` (B,): the loss tokens of the trajectory each
-    sequence is a segment of (default: its own)."""
+    `advantages` is one per sequence (B,), or a list of one per token for each sequence; `whole` (B,) the
+    loss tokens of the trajectory each sequence is a segment of."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -197,7 +191,7 @@ def accumulate_gradients(
         micro_adv = (right_pad(micro_adv, torch.float32) if isinstance(micro_adv, list) else micro_adv).to(
             policy.device
         )
-        n_i = None if whole is None else whole[m : m + micro_batch].to(policy.device)
+        n_i = whole[m : m + micro_batch].to(policy.device)  # (b,)
         divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm, n_i)  # (b,)
         loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
         loss.backward()
@@ -216,7 +210,7 @@ def recompute_old_logprobs(
     first mini-batch's training forward computes the very same numbers and its ratio is exactly 1. Sampling
     runs other kernels (a KV cache, left padding, bf16 or 4-bit no-grad paths on a GPU), so the log-probs it
     recorded differ from the training forward's and would bias every ratio. Out of GPU memory: the shrunk
-    micro-batch or log-prob chunk, from the start. `progress` (a tqdm bar) advances by each micro-batch's sequences."""
+    micro-batch or log-prob chunk, from the start."""
     start = progress.n
 
     def recompute() -> list[Trajectory]:
