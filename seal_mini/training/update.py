@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -41,16 +41,6 @@ def segment(t: Trajectory, start: int, end: int) -> Trajectory:
     return replace(
         t, input_ids=t.input_ids[cut], loss_mask=t.loss_mask[cut], old_logprobs=t.old_logprobs[cut], segments=[]
     )
-
-
-@dataclass(frozen=True)
-class MiniBatchCounts:
-    """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
-
-    tokens: int
-    """Loss tokens (loss_mask 1)."""
-    sequences: int
-    """Sequences with at least one loss token."""
 
 
 def update(
@@ -88,8 +78,7 @@ def update(
     round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
     spans = [(i, a, b) for i, t in enumerate(trajectories) for a, b in t.spans()]
     rows = [segment(trajectories[i], a, b) for i, a, b in spans]
-    loss_tokens = [sum(t.loss_mask) for t in trajectories]
-    owned = [loss_tokens[i] for i, _, _ in spans]  # loss tokens of each row's trajectory
+    owned = [sum(trajectories[i].loss_mask) for i, _, _ in spans]  # loss tokens of each row's trajectory
     # rows that sampled nothing (a prompt over the limit) carry no loss and are left out
     minis = [
         [r for r, (i, _, _) in enumerate(spans) if start <= positions[i] < start + per_mini and any(rows[r].loss_mask)]
@@ -112,11 +101,11 @@ def update(
         progress.n = bar_start  # the mini-batch's sequences count again
 
     for k, mini in enumerate(minis):
-        counts = MiniBatchCounts(
-            tokens=all_reduce_sum(sum(sum(rows[r].loss_mask) for r in mini)),
-            sequences=all_reduce_sum(len({spans[r][0] for r in mini})),
-        )
-        if counts.tokens == 0:
+        # the aggregation's denominators (grpo.loss_divisors), on all ranks together: the mini-batch's loss
+        # tokens and its trajectories (every row of it has loss tokens)
+        n_tokens = all_reduce_sum(sum(sum(rows[r].loss_mask) for r in mini))
+        n_sequences = all_reduce_sum(len({spans[r][0] for r in mini}))
+        if n_tokens == 0:
             continue
         batch = [rows[r] for r in mini]
         bar_start = progress.n
@@ -125,7 +114,7 @@ def update(
         else:
             adv = [(advantages[i] * scales[i][a:b]).tolist() for i, a, b in (spans[r] for r in mini)]
         whole = torch.tensor([owned[r] for r in mini], dtype=torch.float32)
-        attempt = partial(accumulate_gradients, policy, batch, adv, counts, cfg, progress, whole)
+        attempt = partial(accumulate_gradients, policy, batch, adv, n_tokens, n_sequences, cfg, progress, whole)
         mini_sums = until_it_fits(attempt, redo_smaller, policy.device)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
         mini_sums = all_reduce_sums(mini_sums)
@@ -167,14 +156,16 @@ def accumulate_gradients(
     policy,
     trajectories: list[Trajectory],
     advantages: torch.Tensor | list[list[float]],
-    counts: MiniBatchCounts,
+    n_tokens: int,
+    n_sequences: int,
     cfg: Config,
     progress: tqdm,
     whole: torch.Tensor,
 ) -> dict[str, float]:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
-    `advantages` is one per sequence (B,), or a list of one per token for each sequence; `whole` (B,) the
-    loss tokens of the trajectory each sequence is a segment of."""
+    `advantages` is one per sequence (B,), or a list of one per token for each sequence; n_tokens and
+    n_sequences count the whole mini-batch on all ranks; `whole` (B,) holds the loss tokens of the
+    trajectory each sequence is a segment of."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -192,8 +183,8 @@ def accumulate_gradients(
             policy.device
         )
         n_i = whole[m : m + micro_batch].to(policy.device)  # (b,)
-        divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm, n_i)  # (b,)
-        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
+        divisors = loss_divisors(mask, tc.loss_agg, n_tokens, n_sequences, token_sum_norm, n_i)  # (b,)
+        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, n_tokens, divisors)
         loss.backward()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
