@@ -74,18 +74,16 @@ class LabelJudge:
         together (right-padded), so the cost is one prompt plus C short continuations."""
         import torch
 
+        from seal_mini.engine.logprobs import right_pad
+
         prompt_ids = self._ids(prompt)[-self.max_prompt_tokens :]
         tails = [self._ids(" " + d) for d in descriptions]
         if not prompt_ids or any(not t for t in tails):
             raise ValueError("the prompt and every description must tokenize to at least one token")
         device = next(self.model.parameters()).device
-        width = max(len(t) for t in tails)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        tail_ids = torch.full((len(tails), width), pad, dtype=torch.long)
-        tail_mask = torch.zeros((len(tails), width), dtype=torch.long)
-        for i, tail in enumerate(tails):
-            tail_ids[i, : len(tail)] = torch.tensor(tail)
-            tail_mask[i, : len(tail)] = 1
+        # (C, W): a description's end is followed by masked zeros, which no scored position attends to
+        tail_ids = right_pad(tails, torch.long)
+        tail_mask = right_pad([[1] * len(t) for t in tails], torch.long)
         # Eval mode for the two forwards: no dropout, and a model that trains with gradient checkpointing
         # would otherwise refuse the KV cache.
         was_training = self.model.training
