@@ -36,9 +36,7 @@ from seal_mini.training import checkpoint
 
 
 class RunWriter:
-    """Everything training writes into its run directory, written by rank 0 alone (on the other ranks
-    every method does nothing): config and split at the start, each round's trajectories and record,
-    metrics.jsonl and the live views after each step, checkpoints, and the final adapter."""
+    """Everything training writes into its run directory (rank 0 alone: on the other ranks every method does nothing)."""
 
     def __init__(self, cfg: Config, split: dict, history: list[dict]):
         """`history`: the metrics rows of the steps already done (a resumed run's rows before its checkpoint).
