@@ -93,10 +93,7 @@ ENTRIES: tuple[Label, ...] = (
         failure=False,
         rho_moves=False,
         faults=(
-            Fault(
-                "repaired_malformed_call",
-                "one call of a turn broken next to the others, then sent again correctly",
-            ),
+            Fault("repaired_malformed_call", "one call of a turn broken next to the others, then sent again correctly"),
             Fault(
                 "repaired_failing_call",
                 "a read-only call fails, then is sent again correctly (after the call it needs first)",
@@ -223,11 +220,7 @@ ENTRIES: tuple[Label, ...] = (
                 "a state-changing call gets another value of the right type",
                 demonstrable=True,
             ),
-            Fault(
-                "dropped_state_call",
-                "a state-changing call of a multi-call turn is left out",
-                demonstrable=True,
-            ),
+            Fault("dropped_state_call", "a state-changing call of a multi-call turn is left out", demonstrable=True),
             Fault(
                 "skipped_precondition",
                 "a call a later state-changing call of the turn needs (a cd, a brake) is left out",
@@ -294,11 +287,7 @@ ENTRIES: tuple[Label, ...] = (
             order=5,
         ),
         faults=(
-            Fault(
-                "dropped_read_call",
-                "a read-only call whose output the turn shows is left out",
-                demonstrable=True,
-            ),
+            Fault("dropped_read_call", "a read-only call whose output the turn shows is left out", demonstrable=True),
         ),
     ),
     Label(
@@ -315,9 +304,8 @@ ENTRIES: tuple[Label, ...] = (
 
 @dataclass(frozen=True)
 class Registry:
-    """The checked entries and the views of them the kit reads."""
+    """The views of the checked entries that the kit reads."""
 
-    entries: tuple[Label, ...]
     labels: tuple[str, ...]
     """Every label, in declaration order."""
     by_priority: tuple[str, ...]
@@ -408,7 +396,6 @@ def build(entries: tuple[Label, ...] | list[Label]) -> Registry:
     if problems:
         raise RegistryError("incomplete label registry:\n  " + "\n  ".join(problems))
     return Registry(
-        entries=entries,
         labels=tuple(e.name for e in entries),
         by_priority=tuple(e.name for e in sorted(entries, key=lambda e: -e.priority)),
         failure_labels=tuple(e.name for e in entries if e.failure),
@@ -442,9 +429,9 @@ def rule_order(registry: Registry, rules: dict[str, Callable]) -> list[tuple[str
     return [(z, rules[z]) for z in registry.by_priority]
 
 
-def require_labels(names, where: str, registry: Registry | None = None) -> None:
+def require_labels(names, where: str) -> None:
     """A table elsewhere names labels: each must exist (RegistryError naming the table and the label)."""
-    known = (registry or REGISTRY).labels
+    known = REGISTRY.labels
     unknown = [z for z in names if z not in known]
     if unknown:
         raise RegistryError(f"{where} names {unknown}, which are no labels; labels are {list(known)}")

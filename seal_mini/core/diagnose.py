@@ -29,12 +29,6 @@ from the model's recorded calls, private state such as the working directory inc
 does the right thing on the state it was given passes; its calls failing on that state (a file an
 earlier turn never created) are not a new recovery failure when the reference's calls fail the same way.
 
-Repaired errors are treated one way, whatever their kind: an unreadable call, an unknown tool, bad
-arguments or an execution error labels its turn only if the turn does not end where the reference does
-(same state, the reference's outputs shown); a turn that ends there repaired them. A call that breaks
-the schema and runs anyway (a tool not offered yet, a wrong type, a value outside an enum: BFCL lets it
-through) is no error to repair and labels its turn wherever it ends.
-
 Turns that never began are not_reached. A turn that began but was cut (token budget, call limit) keeps a
 failure label its calls prove (invalid call, bad arguments, spurious call, unrepaired error) and is
 otherwise not_reached too: it never counts as pass or as a correct abstention.
@@ -59,7 +53,7 @@ from seal_mini.envs.episode import (
     public_methods,
     public_state,
 )
-from seal_mini.envs.harness import instance_name, method_owners, run_call
+from seal_mini.envs.harness import QWEN_FC, instance_name, method_owners, run_call
 from seal_mini.envs.scripted import ground_truth_call
 from seal_mini.labels import LABELS, REGISTRY, RegistryError, require_labels, rule_order
 
@@ -264,13 +258,10 @@ class TurnEvidence:
         )
 
 
-def _short(text, limit: int = 80) -> str:
+def shorten(text, limit: int = 80) -> str:
+    """str(text), cut to `limit` characters with "..." where longer."""
     text = str(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _path_text(path: tuple) -> str:
-    return ".".join(str(p) for p in path)
 
 
 # --- LEARNER EDIT POINT: the rules ---------------------------------------------------------------------
@@ -282,7 +273,8 @@ def _path_text(path: tuple) -> str:
 # Repaired errors, one treatment: a failed call (error_kind set) counts for invalid_tool_call,
 # argument_mismatch or recovery_failure only on a turn that does not end where the reference does
 # (TurnEvidence.ends_right); a turn that ends there repaired it. A schema violation that ran anyway
-# (not_offered, wrong_type, not_in_enum) counts wherever the turn ends.
+# (not_offered, wrong_type, not_in_enum: BFCL lets them through) is no error to repair and counts wherever
+# the turn ends.
 
 RULE_OF: dict[str, Callable[[TurnEvidence], str]] = {}
 """Label -> its rule (filled by @rule)."""
@@ -315,7 +307,7 @@ def _invalid_call(ev: TurnEvidence) -> str:
         return ""
     for e in ev.record.events:
         if e.error_kind in ("parse", "unknown_tool") and not ev.ends_right():
-            return f"{e.error_kind}: {_short(e.error)}"
+            return f"{e.error_kind}: {shorten(e.error)}"
         if e.violation == "not_offered" and not ev.made_by_reference(e):
             return f"{e.name} called before it was offered"
     return ""
@@ -370,8 +362,8 @@ def _state_differs(ev: TurnEvidence) -> str:
     paths = ev.differences()
     if not paths:
         return ""
-    shown = ", ".join(_path_text(p) for p in paths[:3])
-    return f"state differs at {_short(shown)}" + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
+    shown = ", ".join(".".join(map(str, p)) for p in paths[:3])
+    return f"state differs at {shorten(shown)}" + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
 
 
 @rule("recovery_failure")
@@ -380,7 +372,7 @@ def _unrepaired_error(ev: TurnEvidence) -> str:
         return ""
     for e in ev.record.events:
         if e.error_kind == "execution" and e.output not in ev.ref_outputs:  # else the reference fails the same way
-            return f"{e.name} failed ({_short(e.error, 60)}) and was not repaired"
+            return f"{e.name} failed ({shorten(e.error, 60)}) and was not repaired"
     return ""
 
 
@@ -394,7 +386,7 @@ def _outputs_missing(ev: TurnEvidence) -> str:
     if not (ev.needs_call and ev.finished):
         return ""
     missing = ev.missing_outputs()
-    return f"{len(missing)} expected output(s) missing, e.g. {_short(missing[0], 60)!r}" if missing else ""
+    return f"{len(missing)} expected output(s) missing, e.g. {shorten(missing[0], 60)!r}" if missing else ""
 
 
 @rule("pass")
@@ -479,7 +471,8 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
         touched = {ref.owners.get(e.name) for e in executed}
         from_model_state = not all(same.values()) or any(z not in ("pass", "correct_abstention") for _, z, _ in out)
         if from_model_state and model_after is not None:
-            replay = replay or _ModelReplay(task, records[:k], _protocol(episode).instance_prefix)
+            if replay is None:  # named as the episode's BFCL handler names instances (Qwen FC for a record without)
+                replay = _ModelReplay(task, records[:k], getattr(episode, "protocol", QWEN_FC).instance_prefix)
             ref_after, ref_outputs = replay.reference_turn(ref.calls[k])
             candidates = touched | {ref.owners[name] for name, _ in ref.calls[k]}
             replay.advance(record)
@@ -508,13 +501,6 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
         )
         out.append((ev, *label_turn(ev)))
     return out
-
-
-def _protocol(episode):
-    """The BFCL handler an episode followed (its instance names), the Qwen FC one for a record without."""
-    from seal_mini.envs.harness import QWEN_FC
-
-    return getattr(episode, "protocol", QWEN_FC)
 
 
 def evidence(episode) -> list[TurnEvidence]:

@@ -29,13 +29,6 @@ from seal_mini.config import DiagnosisConfig
 from seal_mini.estimators import ADVANTAGE_ESTIMATORS, LOSS_AGGREGATIONS, WEIGHT_LEVELS
 from seal_mini.labels import RHO_HELD
 
-PROFILE_KEYS = ("count", "prevalence", "success_rate")
-"""Fields every label entry of a failure profile C_t must carry."""
-
-
-def _as_float_tensor(x) -> torch.Tensor:
-    return torch.as_tensor(x, dtype=torch.float32) if not isinstance(x, torch.Tensor) else x.float()
-
 
 def _group_index(n: int, group_ids) -> torch.Tensor:
     """group_ids as a tensor (N,) of ids, or an int G meaning consecutive groups of G."""
@@ -51,7 +44,7 @@ def group_advantages(rewards, group_ids, eps: float = 1e-6, estimator: str = "gr
     """Group-relative advantages per task group (default GRPO's (r_j - mean_g) / (std_g + eps)); groups of
     one or of all-equal rewards get exactly 0 whatever the estimator."""
     assert estimator in ADVANTAGE_ESTIMATORS, f"unknown estimator {estimator!r}; known: {list(ADVANTAGE_ESTIMATORS)}"
-    r = _as_float_tensor(rewards)  # (N,)
+    r = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
     assert r.dim() == 1, f"rewards must be 1-D (N,), got shape {tuple(r.shape)}"
     assert torch.isfinite(r).all(), "rewards contain NaN or inf"
     ids = _group_index(r.numel(), group_ids)  # (N,)
@@ -145,21 +138,15 @@ def weighted_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torc
 
 
 def ema_rho(
-    rho_prev: dict[str, float] | None,
-    profile: dict[str, dict],
-    cfg: DiagnosisConfig,
-    held: tuple[str, ...] = RHO_HELD,
+    rho_prev: dict[str, float] | None, profile: dict[str, dict], cfg: DiagnosisConfig, held: tuple[str, ...] = RHO_HELD
 ) -> tuple[dict[str, float], dict]:
     """The authors' release variant: rho_t moves from rho_{t-1} towards a target drawn from this round's C_t.
 
     target(z) = base(z) * (1 + prevalence(z) * (1 - success_rate(z)) * min(1, count(z) / count_scale))
     rho_t(z)  = clip(decay * rho_{t-1}(z) + (1 - decay) * target(z), rho_min, rho_max)
-    base is cfg.rho; decay, count_scale, rho_min and rho_max are cfg.rho_ema_decay, cfg.rho_ema_count_scale,
-    cfg.rho_min and cfg.rho_max (the diagnosis section). rho_prev None starts the walk from the base.
-    A label absent from the profile has target = base, so its rho relaxes back to the base value.
-    Labels in `held` (pass, not_reached) keep their base value. The clip is applied to the moved value,
-    the plainest reading of "EMA ..., clipped [0.5, 2]". The loop weighs round t with rho_t, so the
-    weights answer the failures of the round they scale."""
+    with base = cfg.rho and the other constants from cfg (diagnosis.rho_ema_*, rho_min, rho_max); rho_prev
+    None starts the walk from the base. Labels in `held` (pass, not_reached) keep their base value. The clip
+    is applied to the moved value, the plainest reading of "EMA ..., clipped [0.5, 2]"."""
     rho_base, decay, count_scale = cfg.rho, cfg.rho_ema_decay, cfg.rho_ema_count_scale
     rho_min, rho_max = cfg.rho_min, cfg.rho_max
     assert 0.0 <= decay <= 1.0, f"decay must be in [0, 1], got {decay}"
@@ -171,7 +158,7 @@ def ema_rho(
         entry = profile.get(z)
         boost = 0.0
         if entry is not None and entry["count"] > 0:  # an absent label's target is its base: it relaxes back
-            missing = [k for k in PROFILE_KEYS if k not in entry]
+            missing = [k for k in ("count", "prevalence", "success_rate") if k not in entry]
             assert not missing, f"profile entry {z!r} lacks {missing}"
             confidence = min(1.0, entry["count"] / count_scale)  # few sightings move rho little
             boost = entry["prevalence"] * (1.0 - entry["success_rate"]) * confidence

@@ -56,7 +56,6 @@ PARAM_MARK = "[{presence}; {type}]"
 ENUM_MARK = "[{presence}; {type}; one of: {values}]"
 
 GUIDELINES_HEADER = "Guidelines:"
-# The guidelines are declared with the labels whose failures select them (seal_mini/labels.py).
 GUIDELINES: dict[str, tuple[str, str]] = REGISTRY.guidelines
 """Guideline id -> (the label whose failures select it, the text), in guideline order: the order used
 when the loop is open (interface.closed_loop = false), where the first top_k are shown."""
@@ -394,14 +393,12 @@ class Interface:
         for i, event in enumerate(called):
             if event.error_kind is not None:
                 assert observation[i]["role"] == "tool", "observation does not line up with the call events"
-                observation[i]["content"] = (
-                    f"{observation[i]['content']}\n{feedback(event, self._schema(event.name), self.protocol)}"
-                )
+                observation[i]["content"] += f"\n{feedback(event, self._schema(event.name), self.protocol)}"
                 self.errors_rewritten += 1
         if not unread or result.turn_done:
             return
         if not called:  # the episode let the model retry: one error message for the whole message
-            observation[0]["content"] = f"{observation[0]['content']}\n{feedback(unread[0], None, self.protocol)}"
+            observation[0]["content"] += f"\n{feedback(unread[0], None, self.protocol)}"
         else:
             extra = [
                 {

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable
 
 from seal_mini.config import ConfigError, DiagnosisConfig
+from seal_mini.core.diagnose import shorten
 from seal_mini.labels import REGISTRY
 
 # The closed sets the small model chooses from are declared with the labels (seal_mini/labels.py): finer
@@ -31,18 +32,13 @@ LABEL_DESCRIPTIONS: dict[str, str] = REGISTRY.descriptions
 (diagnose-check), never to overrule them."""
 
 
-def _clip(text, limit: int) -> str:
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def turn_prompt(ev, finding: str = "") -> str:
     """A compact account of one turn (a seal_mini.core.diagnose.TurnEvidence) for the small model."""
-    lines = [f"User request: {_clip(ev.record.user_text, 300)}", "Assistant tool calls:"]
+    lines = [f"User request: {shorten(ev.record.user_text, 300)}", "Assistant tool calls:"]
     for e in ev.record.events[:8]:
         args = json.dumps(e.arguments) if e.arguments is not None else "?"
         result = e.error if e.error_kind else (e.output or "")
-        lines.append(f"- {e.name}({_clip(args, 120)}) -> {_clip(result, 120)}")
+        lines.append(f"- {e.name}({shorten(args, 120)}) -> {shorten(result, 120)}")
     if not ev.record.events:
         lines.append("- (none)")
     if finding:
@@ -78,18 +74,16 @@ class LabelJudge:
         together (right-padded), so the cost is one prompt plus C short continuations."""
         import torch
 
+        from seal_mini.engine.logprobs import right_pad
+
         prompt_ids = self._ids(prompt)[-self.max_prompt_tokens :]
         tails = [self._ids(" " + d) for d in descriptions]
         if not prompt_ids or any(not t for t in tails):
             raise ValueError("the prompt and every description must tokenize to at least one token")
         device = next(self.model.parameters()).device
-        width = max(len(t) for t in tails)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        tail_ids = torch.full((len(tails), width), pad, dtype=torch.long)
-        tail_mask = torch.zeros((len(tails), width), dtype=torch.long)
-        for i, tail in enumerate(tails):
-            tail_ids[i, : len(tail)] = torch.tensor(tail)
-            tail_mask[i, : len(tail)] = 1
+        # (C, W): a description's end is followed by masked zeros, which no scored position attends to
+        tail_ids = right_pad(tails, torch.long)
+        tail_mask = right_pad([[1] * len(t) for t in tails], torch.long)
         # Eval mode for the two forwards: no dropout, and a model that trains with gradient checkpointing
         # would otherwise refuse the KV cache.
         was_training = self.model.training
@@ -159,7 +153,7 @@ def judge_from_config(cfg: DiagnosisConfig, policy=None, tokenizer=None) -> Labe
             model = AutoModelForCausalLM.from_pretrained(cfg.small_model_name)
         except (OSError, ValueError) as e:
             raise ConfigError(
-                f"diagnosis.small_model_name: cannot load {cfg.small_model_name!r} ({_clip(e, 200)}); "
+                f"diagnosis.small_model_name: cannot load {cfg.small_model_name!r} ({shorten(e, 200)}); "
                 "name a local model folder or leave it empty to use the frozen base policy"
             ) from None
         return LabelJudge(model.eval(), tok)

@@ -62,10 +62,6 @@ KEEP_CHECKPOINTS = 2
 """The newest checkpoint, and the one before it as a spare until the next one is on disk."""
 
 
-def rng_states() -> dict:
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
 def checkpoints(run_dir: Path) -> list[Path]:
     """The saved checkpoints, checkpoint/step_NNNN, newest first (a half-written one has a temporary name)."""
     folder = Path(run_dir) / "checkpoint"
@@ -106,7 +102,7 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
     with new_dir(run_dir / "checkpoint" / f"step_{state.step:04d}") as tmp:
         save_adapter(policy, tmp / "adapter")
         write_torch({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-        write_torch(rng_states(), tmp / "rng.pt")
+        write_torch({"python": random.getstate(), "torch": torch.get_rng_state()}, tmp / "rng.pt")
         write_json(
             tmp / "state.json",
             {

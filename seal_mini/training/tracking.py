@@ -31,22 +31,12 @@ from seal_mini.core.interface import active_cues
 from seal_mini.distributed import is_main
 from seal_mini.engine.policy import save_adapter
 from seal_mini.envs.verifier import CHECKER_RAISED
-from seal_mini.runio import (
-    FileError,
-    new_dir,
-    read_json,
-    read_jsonl_gz,
-    write_json,
-    write_jsonl_gz,
-    write_metrics,
-)
+from seal_mini.runio import FileError, new_dir, read_json, read_jsonl_gz, write_json, write_jsonl_gz, write_metrics
 from seal_mini.training import checkpoint
 
 
 class RunWriter:
-    """Everything training writes into its run directory, written by rank 0 alone (on the other ranks
-    every method does nothing): config and split at the start, each round's trajectories and record,
-    metrics.jsonl and the live views after each step, checkpoints, and the final adapter."""
+    """Everything training writes into its run directory (rank 0 alone: on the other ranks every method does nothing)."""
 
     def __init__(self, cfg: Config, split: dict, history: list[dict]):
         """`history`: the metrics rows of the steps already done (a resumed run's rows before its checkpoint).
@@ -153,8 +143,6 @@ def print_samples(rows: list[dict], n: int, step: int) -> None:
 
 # --- live views ---------------------------------------------------------------------------------------
 
-BACKEND_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb"}
-"""Backend -> the package it needs (jsonl needs none)."""
 INSTALL = {
     "tensorboard": "pip install -r requirements-log.txt (bash run.sh installs it when a recipe names tensorboard)",
     "wandb": "pip install wandb (the kit does not install it: W&B needs an account and the network)",
@@ -167,9 +155,8 @@ def installed(module: str) -> bool:
 
 def check_backends(cfg: Config) -> None:
     """Fail before training, with the fix, if a named backend cannot run here."""
-    for backend in cfg.log.backends:
-        module = BACKEND_MODULES.get(backend)
-        if module and not installed(module):
+    for backend in cfg.log.backends:  # each optional backend is the package of its name (jsonl needs none)
+        if backend in INSTALL and not installed(backend):
             raise ConfigError(
                 f"log.backends: {backend} is not installed; {INSTALL[backend]}, or remove it from log.backends"
             )

@@ -98,18 +98,13 @@ def train(cfg: Config, resume: bool = False, restart: bool = False):
         #    own tasks of the step (all of them in one process).
         tasks = tasks_for_step(train_tasks, step, cfg.train.tasks_per_step, cfg.seed)
         local = [k * G + s for k in rank_positions(len(tasks)) for s in range(G)]  # this rank's episodes
-        samples = sample_numbers([task.id for task in tasks for _ in range(G)])
+        numbers = sample_numbers([task.id for task in tasks for _ in range(G)])
+        samples = [numbers[i] for i in local]  # each episode's place among its task's: its stream's `sample`
         bare = bare_tasks(len(tasks), cfg.interface.bare_share, cfg.seed, step)
         envs = [make_env(tasks[i // G], cfg, None if i // G in bare else state.interface) for i in local]
         with tqdm(total=len(envs), desc=f"step {step} rollouts", unit="episode", leave=False, disable=quiet) as bar:
             trajs = run_rollouts(
-                policy,
-                envs,
-                cfg.rollout,
-                cfg.rollout.temperature,
-                (cfg.seed, step),
-                progress=bar,
-                samples=[samples[i] for i in local],
+                policy, envs, cfg.rollout, cfg.rollout.temperature, (cfg.seed, step), progress=bar, samples=samples
             )
         t_rollout = time.perf_counter() - t0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -43,16 +43,6 @@ def segment(t: Trajectory, start: int, end: int) -> Trajectory:
     )
 
 
-@dataclass(frozen=True)
-class MiniBatchCounts:
-    """What a mini-batch holds on all ranks together: the aggregation's denominators (grpo.loss_divisors)."""
-
-    tokens: int
-    """Loss tokens (loss_mask 1)."""
-    sequences: int
-    """Sequences with at least one loss token."""
-
-
 def update(
     policy,
     optimizer,
@@ -69,22 +59,17 @@ def update(
     `positions` says where each trajectory stands in the round (default: they are the round, in order).
     With several ranks each holds some of the round: it computes the gradients of its part of every
     mini-batch, and the mini-batch's counts and the gradients are summed over the ranks before the step.
+    Each segment of a trajectory (a prompt BFCL wrote anew, Trajectory.segments) is a sequence of its own,
+    with its trajectory's advantage; the aggregation still counts the trajectory as one sequence.
+    `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
+    is then advantages[i] x scales[i][t] (grpo.turn_scales). `progress` (a tqdm bar) counts this rank's
+    sequences through each forward pass.
 
     A mini-batch whose loss or gradient norm is not finite takes no step: its gradients are dropped, the
     skip is counted (losses/skipped_steps) and printed, and the averages leave it out. Every rank sees the
-    same summed loss and gradient, and any rank's non-finite value skips the step on all of them.
-
-    A CUDA out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half
-    the log-prob chunk); the smaller setting stays for the rest of the run (policy.limits).
-
-    `progress` (a tqdm bar) counts this rank's sequences through a forward pass: its total is set here (each
-    sequence twice with train.old_logprobs: recompute), and an out-of-memory retry puts it back.
-
-    `scales` (diagnosis.weight_level: turn) holds a (T,) scale per trajectory: the advantage of its token t
-    is then advantages[i] x scales[i][t] (grpo.turn_scales).
-
-    Each segment of a trajectory (a prompt BFCL wrote anew, Trajectory.segments) is a sequence of its own,
-    with its trajectory's advantage; the aggregation still counts the trajectory as one sequence."""
+    same summed loss and gradient, and any rank's non-finite value skips the step on all of them. A CUDA
+    out-of-memory error redoes the mini-batch from its start with half the micro-batch (then half the
+    log-prob chunk); the smaller setting stays for the rest of the run (policy.limits)."""
     model, tc = policy.model, cfg.train
     progress = tqdm(disable=True) if progress is None else progress
     params = policy.trainable_parameters()
@@ -93,8 +78,7 @@ def update(
     round_size = all_reduce_sum(len(trajectories))  # the round's trajectories, on all ranks together
     spans = [(i, a, b) for i, t in enumerate(trajectories) for a, b in t.spans()]
     rows = [segment(trajectories[i], a, b) for i, a, b in spans]
-    loss_tokens = [sum(t.loss_mask) for t in trajectories]
-    owned = [loss_tokens[i] for i, _, _ in spans]  # loss tokens of each row's trajectory
+    owned = [sum(trajectories[i].loss_mask) for i, _, _ in spans]  # loss tokens of each row's trajectory
     # rows that sampled nothing (a prompt over the limit) carry no loss and are left out
     minis = [
         [r for r, (i, _, _) in enumerate(spans) if start <= positions[i] < start + per_mini and any(rows[r].loss_mask)]
@@ -117,11 +101,11 @@ def update(
         progress.n = bar_start  # the mini-batch's sequences count again
 
     for k, mini in enumerate(minis):
-        counts = MiniBatchCounts(
-            tokens=all_reduce_sum(sum(sum(rows[r].loss_mask) for r in mini)),
-            sequences=all_reduce_sum(len({spans[r][0] for r in mini})),
-        )
-        if counts.tokens == 0:
+        # the aggregation's denominators (grpo.loss_divisors), on all ranks together: the mini-batch's loss
+        # tokens and its trajectories (every row of it has loss tokens)
+        n_tokens = all_reduce_sum(sum(sum(rows[r].loss_mask) for r in mini))
+        n_sequences = all_reduce_sum(len({spans[r][0] for r in mini}))
+        if n_tokens == 0:
             continue
         batch = [rows[r] for r in mini]
         bar_start = progress.n
@@ -130,7 +114,7 @@ def update(
         else:
             adv = [(advantages[i] * scales[i][a:b]).tolist() for i, a, b in (spans[r] for r in mini)]
         whole = torch.tensor([owned[r] for r in mini], dtype=torch.float32)
-        attempt = partial(accumulate_gradients, policy, batch, adv, counts, cfg, progress, whole)
+        attempt = partial(accumulate_gradients, policy, batch, adv, n_tokens, n_sequences, cfg, progress, whole)
         mini_sums = until_it_fits(attempt, redo_smaller, policy.device)
         all_reduce_gradients(params)  # several ranks: the mini-batch's gradient is the sum of theirs
         mini_sums = all_reduce_sums(mini_sums)
@@ -172,15 +156,16 @@ def accumulate_gradients(
     policy,
     trajectories: list[Trajectory],
     advantages: torch.Tensor | list[list[float]],
-    counts: MiniBatchCounts,
+    n_tokens: int,
+    n_sequences: int,
     cfg: Config,
     progress: tqdm,
-    whole: torch.Tensor | None = None,
+    whole: torch.Tensor,
 ) -> dict[str, float]:
     """Forward and backward one mini-batch, a micro-batch at a time (gradients add up); returns metric sums.
-    `advantages` is one per sequence (B,), or a list of one per token for each sequence. `progress` (a tqdm
-    bar) advances by each micro-batch's sequences. `whole` (B,): the loss tokens of the trajectory each
-    sequence is a segment of (default: its own)."""
+    `advantages` is one per sequence (B,), or a list of one per token for each sequence; n_tokens and
+    n_sequences count the whole mini-batch on all ranks; `whole` (B,) holds the loss tokens of the
+    trajectory each sequence is a segment of."""
     model, tc = policy.model, cfg.train
     micro_batch, chunk = update_limits(policy.limits, tc)
     token_sum_norm = tc.token_sum_norm or cfg.rollout.max_response_tokens
@@ -197,9 +182,9 @@ def accumulate_gradients(
         micro_adv = (right_pad(micro_adv, torch.float32) if isinstance(micro_adv, list) else micro_adv).to(
             policy.device
         )
-        n_i = None if whole is None else whole[m : m + micro_batch].to(policy.device)
-        divisors = loss_divisors(mask, tc.loss_agg, counts.tokens, counts.sequences, token_sum_norm, n_i)  # (b,)
-        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, counts.tokens, divisors)
+        n_i = whole[m : m + micro_batch].to(policy.device)  # (b,)
+        divisors = loss_divisors(mask, tc.loss_agg, n_tokens, n_sequences, token_sum_norm, n_i)  # (b,)
+        loss, metrics = policy_loss(logp, old, ref, micro_adv, mask, tc.clip_ratio, tc.kl_coef, n_tokens, divisors)
         loss.backward()
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0.0) + float(v)
@@ -216,7 +201,7 @@ def recompute_old_logprobs(
     first mini-batch's training forward computes the very same numbers and its ratio is exactly 1. Sampling
     runs other kernels (a KV cache, left padding, bf16 or 4-bit no-grad paths on a GPU), so the log-probs it
     recorded differ from the training forward's and would bias every ratio. Out of GPU memory: the shrunk
-    micro-batch or log-prob chunk, from the start. `progress` (a tqdm bar) advances by each micro-batch's sequences."""
+    micro-batch or log-prob chunk, from the start."""
     start = progress.n
 
     def recompute() -> list[Trajectory]:
