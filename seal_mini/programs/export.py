@@ -171,13 +171,9 @@ def model_card(
     `merged`, given for a merged model, say how it was saved (save_model's Llama form; dtype, log-prob gap
     over how many tokens)."""
     steps = max((m["step"] for m in read_metrics(run_dir)), default=-1) + 1
-    if not cfg.interface.enabled:
-        interface = "off"
-    else:
-        interface = "on (closed loop)" if cfg.interface.closed_loop else "on (open loop)"
-    tags = ["seal_mini", "tool-use", *(["bfcl"] if cfg.data.source == "bfcl" else []), "grpo", "lora"]
+    interface = f"on ({'closed' if cfg.interface.closed_loop else 'open'} loop)" if cfg.interface.enabled else "off"
     front: dict = {"base_model": base_model} if is_hub_id(base_model) else {}
-    front["tags"] = tags
+    front["tags"] = ["seal_mini", "tool-use", *(["bfcl"] if cfg.data.source == "bfcl" else []), "grpo", "lora"]
     if not merged:
         front["library_name"] = "peft"
     built = "A small Qwen2 built from scratch" if cfg.model.name == SCRATCH else f"`{cfg.model.name}`"
@@ -356,15 +352,6 @@ def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
     return out
 
 
-def _held_in_prompt(run_dir: Path, cfg: Config, tokenizer) -> list[int]:
-    """Token ids of the run's first held-in prompt (the first MERGE_GAP_TOKENS), as the run rendered it."""
-    from seal_mini.engine.render import ChatRenderer
-    from seal_mini.envs.episode import Episode
-
-    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json", cfg)
-    return ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())[:MERGE_GAP_TOKENS]
-
-
 def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str = "cpu", force: bool = False) -> Path:
     """The base with the adapter merged in float32, saved in `dtype` (never 4-bit) as a plain transformers
     model; the card states the log-prob gap to the unmerged adapter on the run's first held-in prompt."""
@@ -374,6 +361,8 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     from seal_mini.engine.device import DTYPES
     from seal_mini.engine.logprobs import token_logprobs
     from seal_mini.engine.policy import load_hf_base
+    from seal_mini.engine.render import ChatRenderer
+    from seal_mini.envs.episode import Episode
 
     cfg = run_config(run_dir)
     if dtype not in DTYPES:
@@ -381,7 +370,9 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     writable(out, force)
     base, tokenizer = load_hf_base(_unquantized(cfg), torch.device(device), torch.float32)
     model = PeftModel.from_pretrained(base, str(trained_adapter(run_dir))).eval()
-    ids = torch.tensor([_held_in_prompt(run_dir, cfg, tokenizer)], device=device)  # (1, T)
+    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json", cfg)
+    prompt = ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())  # as the run renders it
+    ids = torch.tensor([prompt[:MERGE_GAP_TOKENS]], device=device)  # (1, T)
     ones, scored = torch.ones_like(ids), torch.ones_like(ids, dtype=torch.float32)
     scored[:, 0] = 0  # the first token has no context
     with torch.no_grad():

@@ -75,16 +75,11 @@ def run_side_by_side(recipes: list[str], overrides: list[str], gpus_per_run: int
     failed = failure_report(outcomes)
     if failed:
         print(failed, file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "runs": {
-                    o.job.name: {"run_dir": str(c.run_dir), "exit_code": o.returncode}
-                    for o, c in zip(outcomes, configs, strict=True)
-                }
-            }
-        )
-    )
+    runs = {
+        o.job.name: {"run_dir": str(c.run_dir), "exit_code": o.returncode}
+        for o, c in zip(outcomes, configs, strict=True)
+    }
+    print(json.dumps({"runs": runs}))
     return 1 if failed else 0
 
 
