@@ -367,7 +367,6 @@ def update_phase(policy, cfg: Config, trajectory) -> dict:
     peak = peak_memory(policy.device)  # waits for the GPU, so the time below is the update's
     seconds = time.perf_counter() - started
     tokens = micro * len(trajectory.input_ids)
-    del optimizer, scheduler
     return {"sequences": micro, "tokens": tokens, "tok_per_s": round(tokens / seconds, 1), **peak}
 
 

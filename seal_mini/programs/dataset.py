@@ -77,7 +77,8 @@ def _category(task_id: str) -> str:
 def read_trajectories(run_dir: Path) -> list[dict]:
     """Every training rollout of a run, in step and then rollout order."""
     run_dir = Path(run_dir)
-    group_size = _group_size(run_dir)
+    # G of the run: rows of older runs do not record their sample index
+    group_size = saved_config(run_dir).rollout.group_size if (run_dir / "config.yaml").exists() else 1
     rows = []
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
         step = int(path.name.split("_")[1].split(".")[0])
@@ -158,11 +159,6 @@ def eval_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
                     }
                 )
     return held_in, suites
-
-
-def _group_size(run_dir: Path) -> int:
-    """G of the run (rows of older runs do not record their sample index)."""
-    return saved_config(run_dir).rollout.group_size if (run_dir / "config.yaml").exists() else 1
 
 
 def require_run_dir(run_dir: Path) -> Path:

@@ -163,6 +163,14 @@ def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not Path(name).exists() and not name.startswith((".", "/"))
 
 
+LLAMA_FORM = (
+    " It is saved as a LlamaForCausalLM with attention biases, the same function as the Qwen2 it was trained "
+    "as, so that AutoTokenizer reads the tokenizer it was trained with (for a qwen2 model it would rebuild "
+    "the tokenizer with Qwen's own pre-tokenizer, and the ids would differ)."
+)
+"""What the card says about a model saved in its Llama form (save_model)."""
+
+
 def model_card(
     run_dir: Path, cfg: Config, base_model: str, merged: dict | None = None, beside: dict | None = None
 ) -> str:
@@ -184,7 +192,7 @@ def model_card(
         base_text = (
             f"Merged in float32 and saved in {merged['dtype']}: over the first {merged['tokens']} tokens of the "
             f"run's first held-in prompt its log-probs differ from the adapter's on the same unquantized base "
-            f"by at most {merged['gap']:.1e}." + _form_text(merged["llama"])
+            f"by at most {merged['gap']:.1e}." + (LLAMA_FORM if merged["llama"] else "")
         )
         use = (
             "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
@@ -195,7 +203,7 @@ def model_card(
         base_text = (
             f"The base is in `{BASE_DIR}/` beside this card (it exists nowhere else); adapter_config.json names it "
             f"by its absolute path, `{base_model}`; once the folder moves (or comes from the Hub), load the base from "
-            f"`{BASE_DIR}/` by hand, as below." + _form_text(beside["llama"])
+            f"`{BASE_DIR}/` by hand, as below." + (LLAMA_FORM if beside["llama"] else "")
             if beside
             else f"The base loads from `{base_model}`."
         )
@@ -231,17 +239,6 @@ def model_card(
         "## Use\n\n" + use,
     ]
     return "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
-
-
-def _form_text(llama: bool) -> str:
-    """What the card says about a model saved in its Llama form (save_model)."""
-    if not llama:
-        return ""
-    return (
-        " It is saved as a LlamaForCausalLM with attention biases, the same function as the Qwen2 it was trained "
-        "as, so that AutoTokenizer reads the tokenizer it was trained with (for a qwen2 model it would rebuild "
-        "the tokenizer with Qwen's own pre-tokenizer, and the ids would differ)."
-    )
 
 
 # --- saving a model so that AutoTokenizer reads it right -----------------------------------------------

@@ -370,10 +370,10 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
                     f"sweep: {cfg.run_dir} is a finished run made with other settings ({changes}); give this "
                     "sweep a name of its own (name=...) or move that run away"
                 )
-    todo = [r for r in runs if not (r[3].run_dir / "eval" / "adapter.json").exists()]
     jobs = [
         (cfg, Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log")))
-        for _, _, name, cfg, overrides in todo
+        for _, _, name, cfg, overrides in runs
+        if not (cfg.run_dir / "eval" / "adapter.json").exists()
     ]
     # side by side on GPU sets where there are GPUs, one after another on the CPU, in waves as wide as the
     # GPU sets, so a stopped sweep keeps the wall times of the runs it finished; runs go in table order, so
