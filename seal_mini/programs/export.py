@@ -315,8 +315,7 @@ def base_model(cfg: Config) -> str:
 
 def _unquantized(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
-    cfg.model.load_in_4bit = False  # merging into 4-bit weights would round the adapter away
-    cfg.model.cpu_4bit = False
+    cfg.model.load_in_4bit = cfg.model.cpu_4bit = False  # merging into 4-bit weights would round the adapter away
     return cfg
 
 
@@ -380,8 +379,7 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     with new_dir(out) as tmp:
         llama = save_model(model, tokenizer, tmp)
         merged = {"dtype": dtype, "gap": gap, "tokens": ids.shape[1], "llama": llama}
-        card = model_card(run_dir, cfg, base_model(cfg), merged=merged)
-        atomic_write_text(tmp / "README.md", card)
+        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, base_model(cfg), merged=merged))
         shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 
