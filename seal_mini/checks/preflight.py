@@ -417,9 +417,8 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     shape = architecture(cfg, shrink > 1)
     result: dict = {"recipe_model": cfg.model.name, "device": str(device), "gpu_mem_gb": gpu_mem_gb or None}
     if shrink > 1:
-        r = cfg.rollout
         for name in "max_new_tokens max_prompt_tokens max_response_tokens max_total_tokens prefill_tokens".split():
-            setattr(r, name, getattr(r, name) // shrink)
+            setattr(cfg.rollout, name, getattr(cfg.rollout, name) // shrink)
         cfg.validate()
         print(f"[preflight] CPU: shrunk scale (2 layers, lengths / {shrink}): this checks the plumbing, not the recipe")
     problems: list[str] = []
