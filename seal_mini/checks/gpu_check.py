@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 
 import torch
@@ -106,25 +106,19 @@ class Check:
         device = [*DRY, *(DRY_LENGTHS if lengths else [])] if self.dry else ["device=cuda"]
         return [*SMALL, *device, *more]
 
-    def tokenizer(self):
-        """A local Qwen2.5 tokenizer folder if one was given (the real vocabulary: BFCL prompts at their real
-        token lengths), else the kit's tiny ChatML tokenizer (the same texts, more tokens)."""
-        if self.tokenizer_dir:
-            from transformers import AutoTokenizer
-
-            return AutoTokenizer.from_pretrained(self.tokenizer_dir)
-        from seal_mini.engine.tiny import tiny_tokenizer
-
-        return tiny_tokenizer()
-
     @cached_property
     def model(self) -> Path:
         """The main recipe's architecture with random weights, written once (shrunk on a dry run)."""
+        from transformers import AutoTokenizer
+
         from seal_mini.checks.preflight import architecture, write_random_model
+        from seal_mini.engine.tiny import tiny_tokenizer
 
         folder = self.work / "qwen2_5_3b_random"
         shape = architecture(load_config(MAIN), shrink=self.dry)
-        tokenizer = self.tokenizer()
+        # a local Qwen2.5 tokenizer folder if one was given (the real vocabulary: BFCL prompts at their real
+        # token lengths), else the kit's tiny ChatML tokenizer (the same texts, more tokens)
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir) if self.tokenizer_dir else tiny_tokenizer()
         if self.dry:  # a vocabulary of the tokenizer's size: the CPU's logits stay small
             shape["vocab_size"] = len(tokenizer)
         folder.mkdir(parents=True, exist_ok=True)
@@ -298,12 +292,11 @@ def _compare_greedy(cfg, new_tokens: int) -> dict:
     engine_s = time.perf_counter() - started
     engine = [[t for t, m in zip(tr.input_ids, tr.loss_mask, strict=True) if m] for tr in trajs]
     generated, generate_s = [], 0.0
-    model = policy.model
     for tr in trajs:
         ids = torch.tensor([tr.input_ids[: tr.prompt_len]], device=policy.device)
         started = time.perf_counter()
         with torch.no_grad():
-            output = model.generate(
+            output = policy.model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=new_tokens,
@@ -313,11 +306,10 @@ def _compare_greedy(cfg, new_tokens: int) -> dict:
             )
         generate_s += time.perf_counter() - started
         generated.append(output[0, ids.shape[1] :].tolist())
-    tokens = sum(len(e) for e in engine)
     return {
         "prompt_tokens": [tr.prompt_len for tr in trajs],
         "same_tokens": f"{sum(e == g for e, g in zip(engine, generated, strict=True))}/{len(trajs)}",
-        "engine_tok_per_s": round(tokens / engine_s, 1),
+        "engine_tok_per_s": round(sum(len(e) for e in engine) / engine_s, 1),
         "generate_tok_per_s": round(sum(len(g) for g in generated) / generate_s, 1),
         "engine_s": round(engine_s, 2),
         "generate_s": round(generate_s, 2),
@@ -358,17 +350,14 @@ def squeezed(check: Check, policy):
             if ids is not None and ids.shape[0] > 2:
                 raise torch.OutOfMemoryError("CUDA out of memory (injected: more than 2 rows)")
 
-        hook = policy.model.get_base_model().model.register_forward_pre_hook(too_many_rows, with_kwargs=True)
-        try:
-            yield
-        finally:
-            hook.remove()
+        release = policy.model.get_base_model().model.register_forward_pre_hook(too_many_rows, with_kwargs=True).remove
     else:
         cap_memory(torch.cuda.memory_allocated(check.device) / 2**30 + 3.0, check.device)
-        try:
-            yield
-        finally:
-            uncap_memory(check.device)
+        release = partial(uncap_memory, check.device)
+    try:
+        yield
+    finally:
+        release()
 
 
 def out_of_memory(check: Check) -> dict:

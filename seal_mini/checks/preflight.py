@@ -47,91 +47,51 @@ from seal_mini.engine.scratch import CHAT_TEMPLATE
 from seal_mini.envs.splits import load_split, tasks_for
 from seal_mini.runio import read_json
 
-# The shapes of the backbones the recipes name (their config.json, weights left out). ToolACE-2-8B is a
-# fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
+# The shapes of the backbones the recipes name (their config.json, weights left out): a family's settings,
+# then each model's sizes. ToolACE-2-8B is a fine-tune of Llama-3.1-8B-Instruct and keeps its shapes.
+SIZE_KEYS = "hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads vocab_size".split()
+
+
+def _shape(family: dict, *sizes: int, **more) -> dict:
+    """A backbone's config.json: its family's settings, its sizes (in SIZE_KEYS' order), then `more`."""
+    return {**family, **dict(zip(SIZE_KEYS, sizes, strict=True)), **more}
+
+
 _QWEN = {"model_type": "qwen2", "rms_norm_eps": 1e-6, "rope_theta": 1e6, "max_position_embeddings": 32768}
-_QWEN3 = {  # Qwen3: 36 layers, 32 query and 8 KV heads of 128 (wider than hidden / heads), q and k normed
-    **_QWEN,
-    "model_type": "qwen3",
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
+# Qwen3: 36 layers, 32 query and 8 KV heads of 128 (wider than hidden / heads), q and k normed
+_QWEN3 = {**_QWEN, "model_type": "qwen3", "head_dim": 128, "max_position_embeddings": 40960}
+# Qwen3.5-4B's text model (the vision tower is never loaded). 32 layers of width 2,560 as its model card
+# says; heads, widths and the linear layers' sizes are transformers' Qwen3.5 defaults, which the hub's
+# config.json was not at hand to confirm (model.name=FOLDER with that config.json gives exact figures).
+_QWEN3_5 = {
+    "model_type": "qwen3_5_text",
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 262144,
 }
-_LLAMA31_8B = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "tie_word_embeddings": False,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "max_position_embeddings": 131072,
-    "rope_scaling": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
+_LLAMA31 = {"model_type": "llama", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 131072}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
 }
+_LLAMA31_8B = _shape(_LLAMA31, 4096, 14336, 32, 32, 8, 128256, tie_word_embeddings=False, rope_scaling=_LLAMA3_ROPE)
 KNOWN_SHAPES = {
-    "Qwen/Qwen2.5-3B-Instruct": {
-        **_QWEN,
-        "hidden_size": 2048,
-        "intermediate_size": 11008,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-    },
-    "Qwen/Qwen2.5-7B-Instruct": {
-        **_QWEN,
-        "hidden_size": 3584,
-        "intermediate_size": 18944,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "vocab_size": 152064,
-        "tie_word_embeddings": False,
-    },
-    "Qwen/Qwen3-4B-Instruct-2507": {
-        **_QWEN3,
-        "hidden_size": 2560,
-        "intermediate_size": 9728,
-        "rope_theta": 5e6,
-        "max_position_embeddings": 262144,
-        "tie_word_embeddings": True,
-    },
-    "Qwen/Qwen3-8B": {**_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "tie_word_embeddings": False},
-    # Qwen3.5-4B's text model (the vision tower is never loaded). 32 layers of width 2,560 as its model card
-    # says; heads, widths and the linear layers' sizes are transformers' Qwen3.5 defaults, which the hub's
-    # config.json was not at hand to confirm (model.name=FOLDER with that config.json gives exact figures).
-    "Qwen/Qwen3.5-4B": {
-        "model_type": "qwen3_5_text",
-        "hidden_size": 2560,
-        "intermediate_size": 9216,
-        "num_hidden_layers": 32,
-        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 8,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "head_dim": 256,
-        "linear_num_key_heads": 16,
-        "linear_num_value_heads": 32,
-        "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128,
-        "linear_conv_kernel_dim": 4,
-        "vocab_size": 248320,
-        "tie_word_embeddings": True,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 262144,
-    },
+    "Qwen/Qwen2.5-3B-Instruct": _shape(_QWEN, 2048, 11008, 36, 16, 2, 151936, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-7B-Instruct": _shape(_QWEN, 3584, 18944, 28, 28, 4, 152064, tie_word_embeddings=False),
+    "Qwen/Qwen3-4B-Instruct-2507": _shape(
+        _QWEN3, 2560, 9728, 36, 32, 8, 151936, tie_word_embeddings=True, rope_theta=5e6, max_position_embeddings=262144
+    ),
+    "Qwen/Qwen3-8B": _shape(_QWEN3, 4096, 12288, 36, 32, 8, 151936, tie_word_embeddings=False),
+    "Qwen/Qwen3.5-4B": _shape(_QWEN3_5, 2560, 9216, 32, 16, 4, 248320, tie_word_embeddings=True),
     "meta-llama/Llama-3.1-8B-Instruct": _LLAMA31_8B,
     "Team-ACE/ToolACE-2-Llama-3.1-8B": _LLAMA31_8B,
 }
@@ -407,7 +367,6 @@ def update_phase(policy, cfg: Config, trajectory) -> dict:
     peak = peak_memory(policy.device)  # waits for the GPU, so the time below is the update's
     seconds = time.perf_counter() - started
     tokens = micro * len(trajectory.input_ids)
-    del optimizer, scheduler
     return {"sequences": micro, "tokens": tokens, "tok_per_s": round(tokens / seconds, 1), **peak}
 
 
@@ -458,15 +417,8 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     shape = architecture(cfg, shrink > 1)
     result: dict = {"recipe_model": cfg.model.name, "device": str(device), "gpu_mem_gb": gpu_mem_gb or None}
     if shrink > 1:
-        r = cfg.rollout
-        for name in (
-            "max_new_tokens",
-            "max_prompt_tokens",
-            "max_response_tokens",
-            "max_total_tokens",
-            "prefill_tokens",
-        ):
-            setattr(r, name, getattr(r, name) // shrink)
+        for name in "max_new_tokens max_prompt_tokens max_response_tokens max_total_tokens prefill_tokens".split():
+            setattr(cfg.rollout, name, getattr(cfg.rollout, name) // shrink)
         cfg.validate()
         print(f"[preflight] CPU: shrunk scale (2 layers, lengths / {shrink}): this checks the plumbing, not the recipe")
     problems: list[str] = []
@@ -503,10 +455,7 @@ def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
             f"{r['longest_tokens']} tokens) in {r['seconds']:.1f} s; {r['slots']} slots (KV {r['kv_cache_gb']:.2f} GB); "
             f"prefill {r['prefill_tok_per_s']:.0f} tok/s, decode {r['decode_tok_per_s']:.0f} tok/s; {_memory_text(r)}"
         )
-        if (
-            policy.limits.max_concurrent != before["max_concurrent"]
-            or policy.limits.prefill_tokens != before["prefill_tokens"]
-        ):
+        if any(asdict(policy.limits)[k] != before[k] for k in ("max_concurrent", "prefill_tokens")):
             problems.append(_rollout_advice(cfg, policy.limits))
         G = cfg.rollout.group_size
         typical = min(trajs[G:], key=lambda t: abs(row_tokens(t) - r["typical_tokens"]))

@@ -139,7 +139,7 @@ def cut_lines(trajectory, limits: RolloutConfig, prompt_tokens: int) -> list[str
         limit = f"rollout.max_prompt_tokens={r.max_prompt_tokens}"
         if prompt_tokens <= r.max_prompt_tokens:
             limit = f"the room rollout.max_total_tokens={r.max_total_tokens} leaves"
-        room = _power_of_two(prompt_tokens + 1)
+        room = 1 << prompt_tokens.bit_length()  # the first power of two above the prompt
         lines.append(
             f"[cut] the first prompt is {prompt_tokens} tokens, over {limit}: the model never ran. Raise it, e.g. "
             f"rollout.max_prompt_tokens={room} rollout.max_total_tokens={max(r.max_total_tokens, 2 * room)}"
@@ -163,10 +163,6 @@ def cut_lines(trajectory, limits: RolloutConfig, prompt_tokens: int) -> list[str
             f"rollout.max_new_tokens={2 * r.max_new_tokens}"
         )
     return lines
-
-
-def _power_of_two(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def main(argv: list[str]) -> int:

@@ -37,79 +37,31 @@ from pathlib import Path
 from seal_mini.config import CATEGORIES, ConfigError, saved_config
 from seal_mini.runio import missing_outputs, names, new_dir, read_json, read_jsonl_gz, run_lock
 
-SPLITS = ("trajectories", "turns", "eval", "suites")
+COLUMNS = {
+    "trajectories": "run step task_id category sample reward error_type labels reasons weight advantage truncated "
+    "n_sampled n_tokens messages",
+    "turns": "run step task_id category sample turn label reason reward weight advantage",
+    "eval": "run tag task_id category reward error_type failed_turn labels truncated n_sampled messages",
+    "suites": "run tag suite column task_id reward truncated messages details",
+}
+"""The columns of every split, in order (what they hold: the module docstring)."""
+SPLITS = tuple(COLUMNS)
 
 
 def features() -> dict:
     """The column types of every split (datasets.Features), so empty runs and lists keep their types."""
     from datasets import Features, List, Value
 
-    text, integer, real, flag = Value("string"), Value("int64"), Value("float64"), Value("bool")
-    messages = List({"role": text, "content": text, "name": text})
-    return {
-        "trajectories": Features(
-            {
-                "run": text,
-                "step": integer,
-                "task_id": text,
-                "category": text,
-                "sample": integer,
-                "reward": real,
-                "error_type": text,
-                "labels": List(text),
-                "reasons": List(text),
-                "weight": real,
-                "advantage": real,
-                "truncated": flag,
-                "n_sampled": integer,
-                "n_tokens": integer,
-                "messages": messages,
-            }
-        ),
-        "turns": Features(
-            {
-                "run": text,
-                "step": integer,
-                "task_id": text,
-                "category": text,
-                "sample": integer,
-                "turn": integer,
-                "label": text,
-                "reason": text,
-                "reward": real,
-                "weight": real,
-                "advantage": real,
-            }
-        ),
-        "eval": Features(
-            {
-                "run": text,
-                "tag": text,
-                "task_id": text,
-                "category": text,
-                "reward": real,
-                "error_type": text,
-                "failed_turn": integer,
-                "labels": List(text),
-                "truncated": flag,
-                "n_sampled": integer,
-                "messages": messages,
-            }
-        ),
-        "suites": Features(
-            {
-                "run": text,
-                "tag": text,
-                "suite": text,
-                "column": text,
-                "task_id": text,
-                "reward": real,
-                "truncated": flag,
-                "messages": messages,
-                "details": text,
-            }
-        ),
-    }
+    text = Value("string")
+    types = {
+        **dict.fromkeys(("step", "sample", "turn", "failed_turn", "n_sampled", "n_tokens"), Value("int64")),
+        **dict.fromkeys(("reward", "weight", "advantage"), Value("float64")),
+        "truncated": Value("bool"),
+        "labels": List(text),
+        "reasons": List(text),
+        "messages": List({"role": text, "content": text, "name": text}),
+    }  # every other column is text
+    return {split: Features({c: types.get(c, text) for c in columns.split()}) for split, columns in COLUMNS.items()}
 
 
 def _messages(messages: list[dict]) -> list[dict]:
@@ -125,7 +77,8 @@ def _category(task_id: str) -> str:
 def read_trajectories(run_dir: Path) -> list[dict]:
     """Every training rollout of a run, in step and then rollout order."""
     run_dir = Path(run_dir)
-    group_size = _group_size(run_dir)
+    # G of the run: rows of older runs do not record their sample index
+    group_size = saved_config(run_dir).rollout.group_size if (run_dir / "config.yaml").exists() else 1
     rows = []
     for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
         step = int(path.name.split("_")[1].split(".")[0])
@@ -141,11 +94,7 @@ def read_trajectories(run_dir: Path) -> list[dict]:
                     "error_type": r.get("error_type", ""),
                     "labels": r["labels"],
                     "reasons": r.get("reasons", []),
-                    "weight": r["weight"],
-                    "advantage": r["advantage"],
-                    "truncated": r["truncated"],
-                    "n_sampled": r["n_sampled"],
-                    "n_tokens": r["n_tokens"],
+                    **{k: r[k] for k in ("weight", "advantage", "truncated", "n_sampled", "n_tokens")},
                     "messages": _messages(r["messages"]),
                 }
             )
@@ -210,11 +159,6 @@ def eval_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
                     }
                 )
     return held_in, suites
-
-
-def _group_size(run_dir: Path) -> int:
-    """G of the run (rows of older runs do not record their sample index)."""
-    return saved_config(run_dir).rollout.group_size if (run_dir / "config.yaml").exists() else 1
 
 
 def require_run_dir(run_dir: Path) -> Path:

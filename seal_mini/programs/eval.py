@@ -47,34 +47,14 @@ def main(argv: list[str]) -> int:
 def held_in_main(args, cfg: Config) -> int:
     """`eval`: held-in BFCL V3 for the backbone, an adapter or a scripted policy."""
     tasks = eval_tasks(cfg, args.ids)
-    out_dir = cfg.run_dir / "eval"
-    results = []
-    if args.scripted:
-        results.append(evaluate(ScriptedAgent(args.scripted), tasks, cfg, out_dir, args.tag or args.scripted))
-    else:
-        policy = load_policy_for(cfg, args.adapter)
-        if cfg.eval.base_model or not args.adapter:
-            tag = args.tag or "base"
-            results.append(evaluate(ModelAgent(policy, cfg, adapter=False), tasks, cfg, out_dir, tag, source="base"))
-        if args.adapter:
-            tag = f"{args.tag}_adapter" if args.tag else "adapter"
-            adapter = ModelAgent(policy, cfg, adapter=True)
-            results.append(evaluate(adapter, tasks, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
+    results = [
+        evaluate(agent, tasks, cfg, cfg.run_dir / "eval", tag, source=source)
+        for agent, tag, source in agents(args, cfg, ScriptedAgent, args.scripted, "")
+    ]
     for result in results:
         print_table(result)
     print(json.dumps({r["tag"]: r["success"] for r in results}))
     return 0
-
-
-def load_policy_for(cfg: Config, adapter: str | None):
-    """The recipe's model, with a trained adapter folder if one is given."""
-    from seal_mini.engine.policy import load_policy
-
-    if adapter:
-        if not Path(adapter).is_dir():
-            raise ConfigError(f"--adapter {adapter}: no such folder")
-        cfg.lora.adapter_path = adapter  # its files are checked before peft reads them (policy.checked_adapter)
-    return load_policy(cfg)
 
 
 def suite_main(args, cfg: Config) -> int:
@@ -87,21 +67,33 @@ def suite_main(args, cfg: Config) -> int:
             raise ConfigError(f"--domains does not apply to {suite}")
         setattr(cfg.ood, SUITES[suite].domains, [d.strip() for d in args.domains.split(",") if d.strip()])
         cfg.validate()
-    out_dir = cfg.run_dir / "eval"
-    results = []
-    if args.scripted:
-        agent = SUITES[suite].scripted(args.scripted)
-        results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_scripted_{args.scripted}"))
-    else:
-        policy = load_policy_for(cfg, args.adapter)
-        if cfg.eval.base_model or not args.adapter:
-            agent = ModelAgent(policy, cfg, adapter=False)
-            results.append(run_suite(suite, agent, cfg, out_dir, args.tag or f"{suite}_base", source="base"))
-        if args.adapter:
-            agent = ModelAgent(policy, cfg, adapter=True)
-            tag = f"{args.tag}_adapter" if args.tag else f"{suite}_adapter"
-            results.append(run_suite(suite, agent, cfg, out_dir, tag, source=f"adapter {args.adapter}"))
+    scripted, prefix = SUITES[suite].scripted, f"{suite}_"
+    results = [
+        run_suite(suite, agent, cfg, cfg.run_dir / "eval", tag, source=source)
+        for agent, tag, source in agents(args, cfg, scripted, f"{prefix}scripted_{args.scripted}", prefix)
+    ]
     for result in results:
         print_suite(result)
     print(json.dumps({r["tag"]: {"scores": r["scores"], "mean": r["mean"]} for r in results}))
     return 0
+
+
+def agents(args, cfg: Config, scripted, scripted_tag: str, prefix: str) -> list[tuple]:
+    """(agent, result tag, source) of each evaluation asked for: the scripted policy (made by `scripted`), or
+    the backbone and the adapter (each tag named `prefix`base / `prefix`adapter unless --tag names it)."""
+    if args.scripted:
+        return [(scripted(args.scripted), args.tag or scripted_tag, "")]
+    from seal_mini.engine.policy import load_policy
+
+    if args.adapter:
+        if not Path(args.adapter).is_dir():
+            raise ConfigError(f"--adapter {args.adapter}: no such folder")
+        cfg.lora.adapter_path = args.adapter  # its files are checked before peft reads them (policy.checked_adapter)
+    policy = load_policy(cfg)
+    out = []
+    if cfg.eval.base_model or not args.adapter:
+        out.append((ModelAgent(policy, cfg, adapter=False), args.tag or f"{prefix}base", "base"))
+    if args.adapter:
+        tag = f"{args.tag}_adapter" if args.tag else f"{prefix}adapter"
+        out.append((ModelAgent(policy, cfg, adapter=True), tag, f"adapter {args.adapter}"))
+    return out

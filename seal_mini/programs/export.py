@@ -163,6 +163,14 @@ def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not Path(name).exists() and not name.startswith((".", "/"))
 
 
+LLAMA_FORM = (
+    " It is saved as a LlamaForCausalLM with attention biases, the same function as the Qwen2 it was trained "
+    "as, so that AutoTokenizer reads the tokenizer it was trained with (for a qwen2 model it would rebuild "
+    "the tokenizer with Qwen's own pre-tokenizer, and the ids would differ)."
+)
+"""What the card says about a model saved in its Llama form (save_model)."""
+
+
 def model_card(
     run_dir: Path, cfg: Config, base_model: str, merged: dict | None = None, beside: dict | None = None
 ) -> str:
@@ -171,13 +179,9 @@ def model_card(
     `merged`, given for a merged model, say how it was saved (save_model's Llama form; dtype, log-prob gap
     over how many tokens)."""
     steps = max((m["step"] for m in read_metrics(run_dir)), default=-1) + 1
-    if not cfg.interface.enabled:
-        interface = "off"
-    else:
-        interface = "on (closed loop)" if cfg.interface.closed_loop else "on (open loop)"
-    tags = ["seal_mini", "tool-use", *(["bfcl"] if cfg.data.source == "bfcl" else []), "grpo", "lora"]
+    interface = f"on ({'closed' if cfg.interface.closed_loop else 'open'} loop)" if cfg.interface.enabled else "off"
     front: dict = {"base_model": base_model} if is_hub_id(base_model) else {}
-    front["tags"] = tags
+    front["tags"] = ["seal_mini", "tool-use", *(["bfcl"] if cfg.data.source == "bfcl" else []), "grpo", "lora"]
     if not merged:
         front["library_name"] = "peft"
     built = "A small Qwen2 built from scratch" if cfg.model.name == SCRATCH else f"`{cfg.model.name}`"
@@ -188,7 +192,7 @@ def model_card(
         base_text = (
             f"Merged in float32 and saved in {merged['dtype']}: over the first {merged['tokens']} tokens of the "
             f"run's first held-in prompt its log-probs differ from the adapter's on the same unquantized base "
-            f"by at most {merged['gap']:.1e}." + _form_text(merged["llama"])
+            f"by at most {merged['gap']:.1e}." + (LLAMA_FORM if merged["llama"] else "")
         )
         use = (
             "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
@@ -199,7 +203,7 @@ def model_card(
         base_text = (
             f"The base is in `{BASE_DIR}/` beside this card (it exists nowhere else); adapter_config.json names it "
             f"by its absolute path, `{base_model}`; once the folder moves (or comes from the Hub), load the base from "
-            f"`{BASE_DIR}/` by hand, as below." + _form_text(beside["llama"])
+            f"`{BASE_DIR}/` by hand, as below." + (LLAMA_FORM if beside["llama"] else "")
             if beside
             else f"The base loads from `{base_model}`."
         )
@@ -235,17 +239,6 @@ def model_card(
         "## Use\n\n" + use,
     ]
     return "\n\n".join(s.rstrip("\n") for s in sections) + "\n"
-
-
-def _form_text(llama: bool) -> str:
-    """What the card says about a model saved in its Llama form (save_model)."""
-    if not llama:
-        return ""
-    return (
-        " It is saved as a LlamaForCausalLM with attention biases, the same function as the Qwen2 it was trained "
-        "as, so that AutoTokenizer reads the tokenizer it was trained with (for a qwen2 model it would rebuild "
-        "the tokenizer with Qwen's own pre-tokenizer, and the ids would differ)."
-    )
 
 
 # --- saving a model so that AutoTokenizer reads it right -----------------------------------------------
@@ -322,8 +315,7 @@ def base_model(cfg: Config) -> str:
 
 def _unquantized(cfg: Config) -> Config:
     cfg = copy.deepcopy(cfg)
-    cfg.model.load_in_4bit = False  # merging into 4-bit weights would round the adapter away
-    cfg.model.cpu_4bit = False
+    cfg.model.load_in_4bit = cfg.model.cpu_4bit = False  # merging into 4-bit weights would round the adapter away
     return cfg
 
 
@@ -356,15 +348,6 @@ def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
     return out
 
 
-def _held_in_prompt(run_dir: Path, cfg: Config, tokenizer) -> list[int]:
-    """Token ids of the run's first held-in prompt (the first MERGE_GAP_TOKENS), as the run rendered it."""
-    from seal_mini.engine.render import ChatRenderer
-    from seal_mini.envs.episode import Episode
-
-    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json", cfg)
-    return ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())[:MERGE_GAP_TOKENS]
-
-
 def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str = "cpu", force: bool = False) -> Path:
     """The base with the adapter merged in float32, saved in `dtype` (never 4-bit) as a plain transformers
     model; the card states the log-prob gap to the unmerged adapter on the run's first held-in prompt."""
@@ -374,6 +357,8 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     from seal_mini.engine.device import DTYPES
     from seal_mini.engine.logprobs import token_logprobs
     from seal_mini.engine.policy import load_hf_base
+    from seal_mini.engine.render import ChatRenderer
+    from seal_mini.envs.episode import Episode
 
     cfg = run_config(run_dir)
     if dtype not in DTYPES:
@@ -381,7 +366,9 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     writable(out, force)
     base, tokenizer = load_hf_base(_unquantized(cfg), torch.device(device), torch.float32)
     model = PeftModel.from_pretrained(base, str(trained_adapter(run_dir))).eval()
-    ids = torch.tensor([_held_in_prompt(run_dir, cfg, tokenizer)], device=device)  # (1, T)
+    (task,) = tasks_for([first_held_in(run_dir, cfg)], "split.json", cfg)
+    prompt = ChatRenderer(tokenizer, cfg.model.tool_format).prompt_ids(*Episode(task).reset())  # as the run renders it
+    ids = torch.tensor([prompt[:MERGE_GAP_TOKENS]], device=device)  # (1, T)
     ones, scored = torch.ones_like(ids), torch.ones_like(ids, dtype=torch.float32)
     scored[:, 0] = 0  # the first token has no context
     with torch.no_grad():
@@ -392,8 +379,7 @@ def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str 
     with new_dir(out) as tmp:
         llama = save_model(model, tokenizer, tmp)
         merged = {"dtype": dtype, "gap": gap, "tokens": ids.shape[1], "llama": llama}
-        card = model_card(run_dir, cfg, base_model(cfg), merged=merged)
-        atomic_write_text(tmp / "README.md", card)
+        atomic_write_text(tmp / "README.md", model_card(run_dir, cfg, base_model(cfg), merged=merged))
         shutil.copyfile(run_dir / "config.yaml", tmp / EXPORT_MARK)
     return out
 

@@ -55,6 +55,7 @@ def run_side_by_side(recipes: list[str], overrides: list[str], gpus_per_run: int
         raise ConfigError("several recipes place their own runs on the GPUs; start them without torchrun")
     configs = [load_config(recipe, overrides) for recipe in recipes]
     seen: dict = {}
+    jobs = []
     for recipe, cfg in zip(recipes, configs, strict=True):
         if cfg.run_dir.resolve() in seen:
             raise ConfigError(
@@ -62,29 +63,17 @@ def run_side_by_side(recipes: list[str], overrides: list[str], gpus_per_run: int
             )
         seen[cfg.run_dir.resolve()] = recipe
         check_suites(cfg)  # a missing optional extra is an error now, not after training
-    options = ["--restart"] if restart else []
-    jobs = [
-        Job(
-            cfg.name,
-            launch_command(["pipeline", recipe, *overrides, *options], gpus_per_run),
-            cfg.run_dir.parent / f"{cfg.name}.log",
-        )
-        for recipe, cfg in zip(recipes, configs, strict=True)
-    ]
+        command = launch_command(["pipeline", recipe, *overrides, *(["--restart"] if restart else [])], gpus_per_run)
+        jobs.append(Job(cfg.name, command, cfg.run_dir.parent / f"{cfg.name}.log"))
     outcomes = run_placed(jobs, visible_gpus(), gpus_per_run)
     failed = failure_report(outcomes)
     if failed:
         print(failed, file=sys.stderr)
-    print(
-        json.dumps(
-            {
-                "runs": {
-                    o.job.name: {"run_dir": str(c.run_dir), "exit_code": o.returncode}
-                    for o, c in zip(outcomes, configs, strict=True)
-                }
-            }
-        )
-    )
+    runs = {
+        o.job.name: {"run_dir": str(c.run_dir), "exit_code": o.returncode}
+        for o, c in zip(outcomes, configs, strict=True)
+    }
+    print(json.dumps({"runs": runs}))
     return 1 if failed else 0
 
 

@@ -135,8 +135,5 @@ def failure_report(outcomes: list[Outcome], tail_lines: int = 15) -> str:
             f"{o.job.name} failed with exit code {o.returncode} after {o.seconds:.0f} s{_on(o.gpus)}; "
             f"log {o.job.log}:\n" + "\n".join(f"    {line}" for line in tail)
         )
-    if not blocks:
-        return ""
-    return f"[runs] {len(blocks)} of {len(outcomes)} runs failed; rerun the same command to continue them\n" + (
-        "\n".join(blocks)
-    )
+    head = f"[runs] {len(blocks)} of {len(outcomes)} runs failed; rerun the same command to continue them\n"
+    return head + "\n".join(blocks) if blocks else ""

@@ -243,11 +243,10 @@ def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
     """The figures of the recipe's warm start (built first if it is not there)."""
     from seal_mini.engine.policy import load_policy
     from seal_mini.envs.splits import load_split, pick
+    from seal_mini.training.sft import ensure_warm_start
     from seal_mini.training.train import tasks_for_step
 
     if cfg.sft.enabled:
-        from seal_mini.training.sft import ensure_warm_start
-
         ensure_warm_start(cfg)
     started = time.perf_counter()
     train_tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)

@@ -103,11 +103,6 @@ def chosen_ablations(given: str | None) -> list[str]:
     return [n for n in ABLATIONS + CONTROLS if n in names]
 
 
-def variants(ablations: list[str]) -> dict[str, list[str]]:
-    """Variant name -> its overrides on top of the recipe: the recipe itself ("seal"), then the ablations."""
-    return {"seal": [], **{name: ablation_overrides(name) for name in ablations}}
-
-
 def spread(values: list[float]) -> dict:
     """Mean, sample standard deviation, min and max (in %)."""
     values = [100 * v for v in values]
@@ -182,11 +177,8 @@ def cue_round_gap(seal: dict, other: dict) -> float | None:
     """Training success, SEAL minus another variant of the same seed (same tasks at each step), in points,
     over the rounds SEAL trained with cues on: the cues' effect during training, matched in time (cue-on
     rounds are the later ones, so SEAL's own cue-on vs cue-off rounds would compare early with late)."""
-    gaps = [
-        a - b
-        for a, b, on in zip(seal["success"], other["success"], seal["cues_on"], strict=False)  # a run may stop early
-        if on
-    ]
+    # strict=False: a run may stop early
+    gaps = [a - b for a, b, on in zip(seal["success"], other["success"], seal["cues_on"], strict=False) if on]
     return 100 * statistics.fmean(gaps) if gaps else None
 
 
@@ -361,8 +353,10 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
 
     # every run of the sweep, in table order; the ones whose final evaluation exists are done
     runs = []
+    # variant -> its overrides on top of the recipe: the recipe itself ("seal"), then the ablations
+    variants = {"seal": [], **{name: ablation_overrides(name) for name in args.ablations}}
     for seed in range(args.seeds):
-        for variant, extra in variants(args.ablations).items():
+        for variant, extra in variants.items():
             name = f"{base.name}_{variant}_seed{seed}"
             overrides = [*args.overrides, *extra, f"seed={seed}", f"name={name}", f"out_dir={sweep_dir}"]
             runs.append((variant, seed, name, load_config(args.recipe, overrides), overrides))
@@ -376,10 +370,10 @@ def run_sweep(args: argparse.Namespace, base, sweep_dir: Path) -> int:
                     f"sweep: {cfg.run_dir} is a finished run made with other settings ({changes}); give this "
                     "sweep a name of its own (name=...) or move that run away"
                 )
-    todo = [r for r in runs if not (r[3].run_dir / "eval" / "adapter.json").exists()]
     jobs = [
         (cfg, Job(name, launch_command(["pipeline", args.recipe, *overrides]), Path(f"{cfg.run_dir}.log")))
-        for _, _, name, cfg, overrides in todo
+        for _, _, name, cfg, overrides in runs
+        if not (cfg.run_dir / "eval" / "adapter.json").exists()
     ]
     # side by side on GPU sets where there are GPUs, one after another on the CPU, in waves as wide as the
     # GPU sets, so a stopped sweep keeps the wall times of the runs it finished; runs go in table order, so
