@@ -61,14 +61,13 @@ def _ip(host) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 def _allows(mode: str, host, lookup: bool) -> bool:
     """Whether a guard lets this host through: a name lookup (lookup=True) or a connection / datagram."""
+    ip = _ip(host)
     if mode == "loopback":
-        ip = _ip(host)
         return host in ("localhost", b"localhost", "", None) or (ip is not None and ip.is_loopback)
     # "public": any name may be looked up; only globally routable addresses may be contacted, so a model
     # steering a web-fetch tool cannot reach this machine, its network or a cloud metadata service.
     if lookup:
         return True
-    ip = _ip(host)
     if ip is None:  # a host name given straight to connect(): check what it resolves to
         infos = socket.getaddrinfo(host, None)
         return bool(infos) and all(_allows(mode, info[4][0], lookup=False) for info in infos)

@@ -71,13 +71,11 @@ def load_run(run_dir: Path) -> dict:
             settings = load_yaml(text)
         section = settings.get("model") if isinstance(settings, dict) else None
         model = str(section.get("name", "")) if isinstance(section, dict) else ""  # the backbone it trained
-    evals = {}
-    for path in sorted((run_dir / "eval").glob("*.json")):
-        evals[path.stem] = read_json(path, fix="restore it, or delete it and rerun the evaluation that wrote it")
+    rerun = "restore it, or delete it and rerun the evaluation that wrote it"
+    evals = {p.stem: read_json(p, fix=rerun) for p in sorted((run_dir / "eval").glob("*.json"))}
     rounds = [read_json(p, fix=REMOVE) for p in sorted((run_dir / "rounds").glob("step_*.json"))]
-    weights = []
-    for path in sorted((run_dir / "trajectories").glob("step_*.jsonl.gz")):
-        weights += [r["weight"] for r in read_jsonl_gz(path, fix=REMOVE)]
+    trajectories = sorted((run_dir / "trajectories").glob("step_*.jsonl.gz"))
+    weights = [r["weight"] for p in trajectories for r in read_jsonl_gz(p, fix=REMOVE)]
     missing = missing_outputs(run_dir)
     if missing:
         print(f"[report] warning: {run_dir} lacks {names(missing)}; the report leaves them out", file=sys.stderr)
@@ -322,9 +320,8 @@ def plot_curves(runs: list[dict], path: Path) -> bool:
     panels, _ = curve_panels(runs)
     if not panels:
         return False
-    plt = _plt()
     rows = -(-len(panels) // 4)
-    fig, axes = plt.subplots(rows, 4, figsize=(16, 3.4 * rows), squeeze=False)
+    fig, axes = _plt().subplots(rows, 4, figsize=(16, 3.4 * rows), squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     for ax, (title, ylabel, keys, smoothed) in zip(axes.flat, panels, strict=False):
@@ -371,9 +368,8 @@ def plot_labels(run: dict, path: Path) -> bool:
     rounds = [r for r in run["rounds"] if r.get("profile")]
     if not rounds:
         return False
-    plt = _plt()
     steps = [r["step"] for r in rounds]
-    fig, ax = plt.subplots(figsize=(8.5, 4))
+    fig, ax = _plt().subplots(figsize=(8.5, 4))
     bottom = [0.0] * len(rounds)
     for z in LABELS:
         ys = [r["profile"].get(z, {}).get("prevalence", 0.0) for r in rounds]
@@ -394,8 +390,7 @@ def plot_cues(run: dict, path: Path) -> bool:
     cues = sorted({c for r in rounds for c in active_cues(r.get("interface_used"))})
     if not rounds or not cues:
         return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 1.6 + 0.45 * len(cues)))
+    fig, ax = _plt().subplots(figsize=(7, 1.6 + 0.45 * len(cues)))
     for i, cue in enumerate(cues):
         on = [r["step"] for r in rounds if cue in active_cues(r.get("interface_used"))]
         ax.scatter(on, [i] * len(on), marker="s", s=60)
@@ -411,8 +406,7 @@ def plot_cues(run: dict, path: Path) -> bool:
 def plot_weights(run: dict, path: Path) -> bool:
     if not run["weights"]:
         return False
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, ax = _plt().subplots(figsize=(6, 3.5))
     ax.hist(run["weights"], bins=30)
     ax.set_xlabel("diagnostic weight w_j")
     ax.set_ylabel("trajectories")

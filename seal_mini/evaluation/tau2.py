@@ -168,11 +168,10 @@ class Tau2Episode:
         user_tools = self.environment.get_user_tools() if self.environment.user_tools is not None else None
         self.user_sim = self.user.for_task(self.task, user_tools)
         self.user_state = self.user_sim.get_init_state()
-        self.trajectory: list = []
+        greeting = copy.deepcopy(t.GREETING)
+        self.trajectory: list = [greeting]
         self.steps = self.errors = self.n_calls = 0
         self.done, self.termination, self.truncated, self.note = False, None, False, ""
-        greeting = copy.deepcopy(t.GREETING)
-        self.trajectory.append(greeting)
         system = t.AGENT_SYSTEM_PROMPT.format(
             agent_instruction=t.AGENT_INSTRUCTION, domain_policy=self.environment.get_policy()
         )
