@@ -1,6 +1,6 @@
 """Who plays an evaluation: a model policy (ModelAgent) or a scripted one (ScriptedAgent), the identity
-of a piece of evaluation work, and how the pieces are played and saved (play_in_pieces). Held-in BFCL V3
-and every suite run their episodes through these.
+of a piece of evaluation work, how the pieces are played and saved (play_in_pieces) and how the result is
+written (save_result). Held-in BFCL V3 and every suite run their episodes through these.
 """
 
 from __future__ import annotations
