@@ -427,12 +427,14 @@ class SftConfig:
     """Share of the demonstrations played through the training interface in a random state (each cue on or off,
     a few guidelines), so a model built from scratch has seen every text the interface can add before RL shows
     it one (without, it breaks down when the first cue switches on; measured). The calls shown never change."""
-    fault_draw: str = choice("turn", ("turn", "episode", "task"))
+    fault_draw: str = choice("turn", ("turn", "episode", "task", "one"))
     """turn: every turn where a fault kind can be made draws it (the shares are shares of turns). episode: a
     demonstration draws each kind once, a tendency shown wherever it can be made (a model that answers without
     calling tends to all conversation long), so an episode's first decision settles most of it, a group's
     episodes differ more and greedy decoding takes the majority's way. task: as episode, spread over a task's
-    demonstrations (each kind in its share, rounded), so no task's tendency is learned all-or-nothing from its few."""
+    demonstrations (each kind in its share, rounded), so no task's tendency is learned all-or-nothing from its few.
+    one: as task, but each demonstration carries at most one kind, so a task's failing demonstrations differ in
+    kind in the kinds' shares (which must sum to at most 1)."""
     cue_compliance: float = 0.0
     """c, how far the warm start follows the interface's cues (an instruction-tuned model partly, one built from
     scratch as far as its demonstrations show it): in a demonstration shown cues, a fault whose label a shown
@@ -465,6 +467,12 @@ class SftConfig:
         for kind, share in self.faults.items():
             _check(kind in FAULT_KINDS, f"{key}.faults", f"unknown fault kind {kind!r}; kinds are {list(FAULT_KINDS)}")
             _check(0.0 <= share <= 1.0, f"{key}.faults.{kind}", "must be a share in [0, 1]")
+        total = sum(self.faults.values())
+        _check(
+            self.fault_draw != "one" or total <= 1.0 + 1e-9,
+            f"{key}.faults",
+            f"with fault_draw: one a demonstration draws one kind, so the shares must sum to at most 1 (now {total:g})",
+        )
         _check(
             0.0 <= self.cue_compliance <= 1.0, f"{key}.cue_compliance", "must be in [0, 1] (0 = cues predict nothing)"
         )

@@ -260,8 +260,10 @@ def test_missing_warm_start_and_bad_faults_are_config_errors(tmp_path):
         practice_cfg(tmp_path, "sft.faults={typo: 0.5}")
     with pytest.raises(ConfigError, match="sft.faults.spurious_call: must be a share"):
         practice_cfg(tmp_path, "sft.faults={spurious_call: 1.5}")
-    with pytest.raises(ConfigError, match="sft.fault_draw: must be turn, episode or task, not 'tasks'"):
+    with pytest.raises(ConfigError, match="sft.fault_draw: must be turn, episode, task or one, not 'tasks'"):
         practice_cfg(tmp_path, "sft.fault_draw=tasks")
+    with pytest.raises(ConfigError, match=r"sft.faults: with fault_draw: one .* at most 1 \(now 1.3\)"):
+        practice_cfg(tmp_path, "sft.fault_draw=one", "sft.faults={no_call_answer: 0.6, hesitant_start: 0.7}")
     assert warm_start_dir(cfg) == tmp_path / "run" / "warm_start"
 
 
@@ -410,6 +412,26 @@ def test_task_draws_spread_a_fault_over_a_tasks_demonstrations():
     assert counts[0.5, False][0] + counts[0.5, False][4] > 3  # 12.5 expected
     assert set(counts[0.3, True]) <= {0, 1} and 80 <= counts[0.3, True][1] <= 98  # 90 expected
     assert counts[0.3, False][2] + counts[0.3, False][3] > 5  # 21.6 expected
+
+
+def test_one_draw_gives_each_demonstration_at_most_one_kind_in_the_kinds_shares():
+    """sft.fault_draw: one: of a task's 5 demonstrations, no_call_answer (0.6) shows in exactly 3 and
+    wrong_argument_value (0.2) in one other where it can be made, never both drawn for one; drawn per kind
+    (task), both are drawn for some demonstrations."""
+    shares = {"no_call_answer": 0.6, "wrong_argument_value": 0.2}
+    tasks = [practice.task(practice.task_id(0, "train", "base", i)) for i in range(60)]
+    both = {True: 0, False: 0}
+    for one in (True, False):
+        for task in tasks:
+            shown = Counter()
+            for k in range(5):
+                draws = sft.task_draws(task.id, shares, k, 5, one)
+                _, kinds = demo_turns(task, shares, random.Random(f"{task.id}:{k}"), per_episode=True, draws=draws)
+                shown.update(set(kinds) - {""})
+                both[one] += all(draws[kind] < share for kind, share in shares.items())
+            if one:
+                assert shown["no_call_answer"] == 3 and shown["wrong_argument_value"] <= 1, (task.id, shown)
+    assert both[True] == 0 and both[False] > 5
 
 
 def test_a_hesitant_start_answers_only_the_first_turn_that_needs_a_call_without_it():

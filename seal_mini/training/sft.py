@@ -135,11 +135,20 @@ def demo_turns(
     return messages, kinds
 
 
-def task_draws(key: str, kinds, k: int, n: int) -> dict[str, float]:
+def task_draws(key: str, kinds, k: int, n: int, one: bool = False) -> dict[str, float]:
     """The uniform numbers of the k-th of a task's n demonstrations, one per fault kind, spread over the n
     (stratified): a kind of share s is drawn in s x n of them, rounded up or down, where independent draws
     may give any number from none to all, so a task's own demonstrations do not make its tendency
-    all-or-nothing."""
+    all-or-nothing. one (sft.fault_draw: one): a single number per demonstration, the kinds' shares laid end
+    to end over [0, 1) in sft.faults order, so a demonstration draws at most one kind and a task's
+    demonstrations split between the kinds in their shares."""
+    if one:
+        rng = random.Random(f"{key}:one")
+        u, start, draws = (rng.sample(range(n), n)[k] + rng.random()) / n, 0.0, {}
+        for kind, share in kinds.items():
+            draws[kind] = u - start if u >= start else 1.0  # below its share exactly inside its own stretch
+            start += share
+        return draws
     draws = {}
     for kind in kinds:
         rng = random.Random(f"{key}:{kind}")
@@ -210,10 +219,11 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
             # the cues, and cue_share changes only the texts shown
             cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
             cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
-            episode = cfg.sft.fault_draw in ("episode", "task")
+            episode, one = cfg.sft.fault_draw != "turn", cfg.sft.fault_draw == "one"
             draws = None
-            if cfg.sft.fault_draw == "task":
-                draws = task_draws(f"sft-draws:{cfg.seed}:{task.id}", cfg.sft.faults, k, cfg.sft.demos_per_task)
+            if cfg.sft.fault_draw in ("task", "one"):
+                key = f"sft-draws:{cfg.seed}:{task.id}"
+                draws = task_draws(key, cfg.sft.faults, k, cfg.sft.demos_per_task, one)
             turns, kinds = demo_turns(
                 task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode, cfg.sft.cue_side_effect, draws
             )
