@@ -861,18 +861,18 @@ WHERE_IT_LIVES = ("out_dir", "name")
 """Where a run lives, not what it is: a run directory moved, copied or named by another path is the same run."""
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
+def leaves(tree: dict, prefix: str = "") -> dict:
     """{"a": {"b": 1}} -> {"a.b": 1}: every setting under its dotted key (lists stay whole)."""
     out = {}
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        out.update(_leaves(value, name + ".") if isinstance(value, dict) else {name: value})
+        out.update(leaves(value, name + ".") if isinstance(value, dict) else {name: value})
     return out
 
 
 def changed_settings(saved: Config, new: Config) -> tuple[dict, dict]:
     """(changes a continuing run may make, other changes) from a run's saved config to a new one, each {key: (old, new)}."""
-    old, now = _leaves(saved.to_dict()), _leaves(new.to_dict())
+    old, now = leaves(saved.to_dict()), leaves(new.to_dict())
     changed = {k: (old.get(k), now.get(k)) for k in sorted({*old, *now}) if old.get(k) != now.get(k)}
     changed = {k: v for k, v in changed.items() if k not in WHERE_IT_LIVES}
     free = {k: v for k, v in changed.items() if k in RESUME_MAY_CHANGE}

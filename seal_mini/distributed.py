@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from seal_mini import runio
-from seal_mini.config import ConfigError, _leaves
+from seal_mini.config import ConfigError, leaves
 
 TIMEOUT = datetime.timedelta(hours=2)
 """How long a rank waits in a collective for the others. Ranks wait for each other at every gather: while
@@ -269,7 +269,7 @@ def check_same(what: str, value: dict) -> None:
     ConfigError naming the rank, the keys and both values. Nothing to check in one process."""
     if world_size() == 1:
         return
-    values = _all_gather(_leaves(value), f"comparing {what} across ranks")
+    values = _all_gather(leaves(value), f"comparing {what} across ranks")
     for r, theirs in enumerate(values[1:], start=1):
         differ = sorted(k for k in {*values[0], *theirs} if values[0].get(k) != theirs.get(k))
         if differ:

@@ -159,14 +159,14 @@ def test_a_recipe_sets_only_what_it_changes():
     are the paper's settings, and a recipe reads as the list of its changes."""
     from pathlib import Path
 
-    from seal_mini.config import _leaves
+    from seal_mini.config import leaves
     from seal_mini.runio import load_yaml
 
     for recipe in sorted(Path(__file__).resolve().parents[1].glob("recipes/**/*.yaml")):
         raw = load_yaml(recipe.read_text())
         base = raw.pop("base", None)
-        before = _leaves(load_config(recipe.parent / base if base else None).to_dict())
-        same = [k for k, v in _leaves(raw).items() if k != "name" and k in before and before[k] == v]
+        before = leaves(load_config(recipe.parent / base if base else None).to_dict())
+        same = [k for k, v in leaves(raw).items() if k != "name" and k in before and before[k] == v]
         assert not same, f"{recipe.name} sets {same} to what {base or 'the defaults'} already give"
 
 
