@@ -415,22 +415,26 @@ def test_task_draws_spread_a_fault_over_a_tasks_demonstrations():
 
 
 def test_one_draw_gives_each_demonstration_at_most_one_kind_in_the_kinds_shares():
-    """sft.fault_draw: one: of a task's 5 demonstrations, no_call_answer (0.6) shows in exactly 3 and
-    wrong_argument_value (0.2) in one other where it can be made, never both drawn for one; drawn per kind
-    (task), both are drawn for some demonstrations."""
+    """sft.fault_draw: one: of a task's 5 demonstrations, no_call_answer (0.6) is drawn for exactly 3 and
+    wrong_argument_value (0.2) for exactly one other, and shown where drawn and it can be made; never both
+    for one demonstration. Drawn per kind (task), both are drawn for some demonstrations."""
     shares = {"no_call_answer": 0.6, "wrong_argument_value": 0.2}
     tasks = [practice.task(practice.task_id(0, "train", "base", i)) for i in range(60)]
     both = {True: 0, False: 0}
     for one in (True, False):
         for task in tasks:
-            shown = Counter()
+            drawn, shown = Counter(), Counter()
             for k in range(5):
                 draws = sft.task_draws(task.id, shares, k, 5, one)
                 _, kinds = demo_turns(task, shares, random.Random(f"{task.id}:{k}"), per_episode=True, draws=draws)
+                chosen = {kind for kind, share in shares.items() if draws[kind] < share}
+                drawn.update(chosen)
                 shown.update(set(kinds) - {""})
-                both[one] += all(draws[kind] < share for kind, share in shares.items())
+                assert set(kinds) - {""} <= chosen
+                both[one] += chosen == set(shares)
             if one:
-                assert shown["no_call_answer"] == 3 and shown["wrong_argument_value"] <= 1, (task.id, shown)
+                assert drawn == {"no_call_answer": 3, "wrong_argument_value": 1}, (task.id, drawn)
+                assert shown["no_call_answer"] == 3, (task.id, shown)
     assert both[True] == 0 and both[False] > 5
 
 

@@ -142,18 +142,17 @@ def task_draws(key: str, kinds, k: int, n: int, one: bool = False) -> dict[str, 
     all-or-nothing. one (sft.fault_draw: one): a single number per demonstration, the kinds' shares laid end
     to end over [0, 1) in sft.faults order, so a demonstration draws at most one kind and a task's
     demonstrations split between the kinds in their shares."""
-    if one:
-        rng = random.Random(f"{key}:one")
-        u, start, draws = (rng.sample(range(n), n)[k] + rng.random()) / n, 0.0, {}
-        for kind, share in kinds.items():
-            draws[kind] = u - start if u >= start else 1.0  # below its share exactly inside its own stretch
-            start += share
-        return draws
-    draws = {}
-    for kind in kinds:
-        rng = random.Random(f"{key}:{kind}")
-        order = rng.sample(range(n), n)
-        draws[kind] = (order[k] + rng.random()) / n
+
+    def stratified(name: str) -> float:  # the k-th of n numbers, one in each n-th of [0, 1), in a seeded order
+        rng = random.Random(f"{key}:{name}")
+        return (rng.sample(range(n), n)[k] + rng.random()) / n
+
+    if not one:
+        return {kind: stratified(kind) for kind in kinds}
+    u, start, draws = stratified("one"), 0.0, {}
+    for kind, share in kinds.items():
+        draws[kind] = u - start if u >= start else 1.0  # below its share exactly inside its own stretch
+        start += share
     return draws
 
 
@@ -219,13 +218,13 @@ def build_demonstrations(cfg: Config, tasks: list[Task], renderer) -> tuple[list
             # the cues, and cue_share changes only the texts shown
             cue_rng = random.Random(f"sft-cues:{cfg.seed}:{task.id}:{k}")
             cues = random_cues(cue_rng, cfg.interface.top_k) if cue_rng.random() < cfg.sft.cue_share else None
-            episode, one = cfg.sft.fault_draw != "turn", cfg.sft.fault_draw == "one"
-            draws = None
-            if cfg.sft.fault_draw in ("task", "one"):
-                key = f"sft-draws:{cfg.seed}:{task.id}"
-                draws = task_draws(key, cfg.sft.faults, k, cfg.sft.demos_per_task, one)
+            draw, draws = cfg.sft.fault_draw, None
+            if draw in ("task", "one"):
+                draws = task_draws(
+                    f"sft-draws:{cfg.seed}:{task.id}", cfg.sft.faults, k, cfg.sft.demos_per_task, draw == "one"
+                )
             turns, kinds = demo_turns(
-                task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, episode, cfg.sft.cue_side_effect, draws
+                task, cfg.sft.faults, rng, cues, cfg.sft.cue_compliance, draw != "turn", cfg.sft.cue_side_effect, draws
             )
             env, ids, mask, _ = demonstrate(task, turns, renderer, cfg.env.max_calls_per_turn, cues)
             if len(ids) > limit:
