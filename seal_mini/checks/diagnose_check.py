@@ -42,7 +42,7 @@ from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
 from seal_mini.envs.bfcl import Task, load_tasks
 from seal_mini.envs.episode import Episode
-from seal_mini.envs.scripted import DONE_TEXT
+from seal_mini.envs.scripted import DONE_TEXT, play_messages
 from seal_mini.envs.verifier import check
 from seal_mini.labels import FAILURE_LABELS, LABELS, RegistryError, require_labels
 
@@ -96,22 +96,10 @@ def realized(kind: str, episode: Episode, turn: int) -> bool:
 
 
 def drive(task: Task, messages: list[list[str]], max_calls_per_turn: int = 20, cut_turn: int | None = None) -> Episode:
-    """Run scripted assistant messages per turn, as BFCL's inference loop takes them: a message that ends
-    the turn leaves the rest of that turn's messages unsent, and a turn whose messages run out gets the
-    final answer. With cut_turn, truncate after that turn's messages instead."""
+    """An episode of the task driven by scripted assistant messages per turn (see play_messages); with cut_turn,
+    truncated after that turn's messages."""
     episode = Episode(task, max_calls_per_turn=max_calls_per_turn)
-    episode.reset()
-    for k, texts in enumerate(messages):
-        if episode.done:
-            break
-        for text in texts:
-            if episode.step(text).turn_done:
-                break
-        else:
-            if k == cut_turn:
-                episode.truncate()
-            else:
-                episode.step(DONE_TEXT)
+    play_messages(episode, messages, cut_turn=cut_turn)
     return episode
 
 

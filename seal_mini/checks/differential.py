@@ -60,7 +60,7 @@ from seal_mini.envs.harness import (
     restore_module_data,
     source_literals,
 )
-from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, play
+from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, play, play_messages
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.envs.verifier import check_episode
 
@@ -238,21 +238,9 @@ def kit_verdict(task: Task, script: Script, protocol: Protocol = QWEN_FC) -> Pla
 def play_script(env, script: Script, prompt: Callable | None = None) -> list:
     """Send a script's messages turn by turn ("Done." where a turn's run out); returns prompt(messages,
     tools) of every query (nothing without `prompt`)."""
-    messages, tools = env.reset()
     prompts = []
-    for k in range(len(env.task.turns)):
-        if env.done:
-            break
-        sent = 0
-        while True:
-            text = script[k][sent] if sent < len(script[k]) else DONE_TEXT
-            sent += 1
-            if prompt is not None:
-                prompts.append(prompt(messages, tools))
-            result = env.step(text)
-            messages += [{"role": "assistant", "content": text}, *result.observation]
-            if result.turn_done:
-                break
+    query = None if prompt is None else lambda messages, tools: prompts.append(prompt(messages, tools))
+    play_messages(env, script, query)
     return prompts
 
 

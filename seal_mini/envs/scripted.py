@@ -80,19 +80,36 @@ def scripted_messages(turn_calls: list[tuple[str, dict]], protocol: Protocol = Q
     return ([protocol.write(turn_calls)] if turn_calls else []) + [DONE_TEXT]
 
 
-def play(env, turns: list[list[tuple[str, dict]]]) -> list[dict]:
-    """Reset an episode and drive it with scripted assistant messages; returns the conversation."""
-    messages, _ = env.reset()
-    for turn_calls in turns:
-        for text in scripted_messages(turn_calls, getattr(env, "protocol", QWEN_FC)):
+def play_messages(
+    env, script: list[list[str]], on_query: Callable | None = None, cut_turn: int | None = None
+) -> list[dict]:
+    """Reset an episode and send scripted assistant messages per turn, as BFCL's inference loop takes them: a
+    message that ends the turn leaves the rest of that turn's messages unsent, and a turn whose messages run out
+    gets the final answer (with cut_turn, that turn is truncated instead). on_query(messages, tools) sees the
+    conversation before each message is sent; returns the conversation."""
+    messages, tools = env.reset()
+    for k, texts in enumerate(script):
+        if env.done:
+            break
+        # DONE_TEXT, a message without calls, always ends its turn
+        answer = [] if k == cut_turn else [DONE_TEXT]
+        for text in [*texts, *answer]:
+            if on_query is not None:
+                on_query(messages, tools)
             messages.append({"role": "assistant", "content": text})
             result = env.step(text)
             messages += result.observation
             if result.turn_done:
                 break
-        if env.done:
-            break
+        else:  # the cut turn's messages ran out
+            env.truncate()
     return messages
+
+
+def play(env, turns: list[list[tuple[str, dict]]]) -> list[dict]:
+    """Reset an episode and drive it with scripted assistant messages; returns the conversation."""
+    protocol = getattr(env, "protocol", QWEN_FC)
+    return play_messages(env, [scripted_messages(turn_calls, protocol) for turn_calls in turns])
 
 
 def replay(task: Task, turns: list[list[tuple[str, dict]]], **limits) -> tuple[Episode, float]:
