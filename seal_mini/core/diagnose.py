@@ -48,10 +48,10 @@ from seal_mini.envs.episode import (
     NO_CALL,
     TRUNCATED,
     TurnRecord,
-    format_output,
+    call_directly,
     new_instances,
     public_methods,
-    public_state,
+    state_of,
 )
 from seal_mini.envs.harness import QWEN_FC, instance_name, method_owners, run_call
 from seal_mini.envs.scripted import ground_truth_call
@@ -96,31 +96,6 @@ class Reference:
 _references: OrderedDict[str, Reference] = OrderedDict()
 
 
-def _snapshot(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
-    """Public state per class, as seal_mini.envs.episode.state_of, but cheaper: a class whose state did not change since
-    `previous` shares that snapshot (snapshots are never mutated), and a copy is a pickle round trip,
-    about three times faster than deepcopy on these states."""
-    out = {}
-    for name, instance in instances.items():
-        public = public_state(instance)
-        if previous is not None and public == previous[name]:
-            out[name] = previous[name]
-        else:
-            out[name] = pickle.loads(pickle.dumps(public, protocol=pickle.HIGHEST_PROTOCOL))
-    return out
-
-
-def _run_calls(methods: dict, calls: list[tuple[str, dict]]) -> list[str]:
-    """Run reference calls directly on the back-end methods; their outputs as BFCL records them."""
-    outputs = []
-    for name, arguments in calls:
-        try:
-            outputs.append(format_output(methods[name](**copy.deepcopy(arguments))))
-        except Exception as e:  # noqa: BLE001 - the checker records a raising call the same way
-            outputs.append(f"Error during execution: {e}")
-    return outputs
-
-
 def reference(task: Task) -> Reference:
     """The task's ground-truth reference (cached: all G samples of a task share it)."""
     if task.id in _references:
@@ -129,7 +104,7 @@ def reference(task: Task) -> Reference:
     instances = new_instances(task)
     methods = public_methods(instances)
     owners = {name: type(method.__self__).__name__ for name, method in methods.items()}
-    initial = _snapshot(instances)
+    initial = state_of(instances)
     states, outputs, parsed = [], [], []
     for calls in task.ground_truth:
         turn_calls = []
@@ -138,9 +113,10 @@ def reference(task: Task) -> Reference:
             # Back ends keep (and later grow) the lists passed in: keep a copy of any such argument.
             mutable = any(isinstance(v, (list, dict)) for v in arguments.values())
             turn_calls.append((name, copy.deepcopy(arguments) if mutable else arguments))
-        outputs.append(_run_calls(methods, turn_calls))
+        outputs.append([call_directly(methods, name, arguments)[0] for name, arguments in turn_calls])
         parsed.append(turn_calls)
-        states.append(_snapshot(instances, states[-1] if states else initial))
+        # the reference's snapshots are never mutated: a class that did not change shares the last one
+        states.append(state_of(instances, states[-1] if states else initial))
     ref = Reference(initial, states, outputs, parsed, owners)
     _references[task.id] = ref
     if len(_references) > REFERENCE_CACHE_SIZE:
@@ -442,8 +418,9 @@ class _ModelReplay:
             instances = pickle.loads(pickle.dumps(self.instances, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - a back end that does not pickle is copied the slow way
             instances = copy.deepcopy(self.instances)
-        outputs = _run_calls(public_methods(instances), calls)
-        return _snapshot(instances), outputs
+        methods = public_methods(instances)
+        outputs = [call_directly(methods, name, arguments)[0] for name, arguments in calls]
+        return state_of(instances), outputs
 
 
 def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:

@@ -13,7 +13,7 @@ import json
 
 from seal_mini.config import EnvConfig
 from seal_mini.envs.bfcl import Task, foreign_tool_names, to_chat_tool
-from seal_mini.envs.episode import format_output, new_instances, public_methods, public_state
+from seal_mini.envs.episode import call_directly, new_instances, public_methods, public_state
 from seal_mini.envs.scripted import DONE_TEXT, PlannedCall, ground_truth_effects
 from seal_mini.envs.toolcalls import CLOSE, OPEN, ToolCall, format_call, validate_call
 from seal_mini.labels import REGISTRY, RegistryError
@@ -338,30 +338,21 @@ def _hesitant(task, p, turn, rng):
     return ([], "the first request that needs a call answered without it") if turn == first else None
 
 
-def _call_outcome(methods: dict, name: str, arguments: dict) -> tuple[str, bool]:
-    """(output as BFCL records it, whether the call failed) of one call run directly on a back end."""
-    try:
-        result = methods[name](**copy.deepcopy(arguments))
-    except Exception as e:  # noqa: BLE001 - the episode records a raising call the same way
-        return f"Error during execution: {e}", True
-    return format_output(result), isinstance(result, dict) and "error" in result
-
-
 def _replayed(task: Task, calls: list[PlannedCall]) -> dict[str, object]:
     """A task's fresh back ends after running `calls` on them (a call that raises, as in an episode)."""
     instances = new_instances(task)
     methods = public_methods(instances)
     for c in calls:
-        _call_outcome(methods, c.name, c.arguments)
+        call_directly(methods, c.name, c.arguments)
     return instances
 
 
 def _run_turn(task: Task, p: list[list[PlannedCall]], turn: int, calls: list[tuple[str, dict]]):
-    """The ground truth of the turns before `turn`, then `calls`: each call's outcome (_call_outcome) and the
+    """The ground truth of the turns before `turn`, then `calls`: each call's outcome (call_directly) and the
     public state after them."""
     instances = _replayed(task, [c for earlier in p[:turn] for c in earlier])
     methods = public_methods(instances)
-    outcomes = [_call_outcome(methods, name, arguments) for name, arguments in calls]
+    outcomes = [call_directly(methods, name, arguments) for name, arguments in calls]
     return outcomes, {cls: public_state(instance) for cls, instance in instances.items()}
 
 

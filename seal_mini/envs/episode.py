@@ -40,7 +40,7 @@ from seal_mini.envs.harness import (
 )
 from seal_mini.envs.toolcalls import CallError, validate_call
 
-__all__ = ["INSTANCE_PREFIX", "format_output"]  # re-exported for the diagnoser
+__all__ = ["INSTANCE_PREFIX"]  # re-exported for the diagnoser
 
 # Why an episode's turn ended (TurnRecord.ended_by).
 NO_CALL = "no_call"  # a message that decoded to no call (an answer, or calls BFCL could not read): BFCL's end of a turn
@@ -128,17 +128,31 @@ def public_methods(instances: dict[str, object]) -> dict[str, object]:
     return {name: getattr(inst, name) for inst in instances.values() for name in public_method_names(inst)}
 
 
+def call_directly(methods: dict, name: str, arguments: dict) -> tuple[str, bool]:
+    """(output as BFCL records it, whether the call failed) of one reference call run directly on a method
+    of `methods` (public_methods: a name outside it fails like any raising call)."""
+    try:
+        result = methods[name](**copy.deepcopy(arguments))
+    except Exception as e:  # noqa: BLE001 - the episode and the checker record a raising call the same way
+        return f"Error during execution: {e}", True
+    return format_output(result), isinstance(result, dict) and "error" in result
+
+
 def public_state(instance) -> dict:
     """A back end's public attributes, not copied: what BFCL's state check compares."""
     return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
 
 
-def state_of(instances: dict[str, object]) -> dict[str, dict]:
+def state_of(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
     """Public attributes per class (a copy: a pickle round trip, about three times faster than deepcopy on
-    these states)."""
+    these states). A class whose state did not change since `previous` shares that snapshot: only for
+    snapshots that are never mutated."""
     out = {}
     for name, inst in instances.items():
         public = public_state(inst)
+        if previous is not None and public == previous[name]:
+            out[name] = previous[name]
+            continue
         try:
             out[name] = pickle.loads(pickle.dumps(public, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - a value that does not pickle is copied the slow way
