@@ -33,6 +33,7 @@ from seal_mini import __version__
 from seal_mini.config import CATEGORIES, Config, ConfigError, config_from_dict, saved_config
 from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH, TINY, TOKENIZER_PROBE, warm_start_dir
 from seal_mini.envs.splits import load_split, tasks_for
+from seal_mini.evaluation.report import markdown_table, pct
 from seal_mini.runio import (
     FileError,
     atomic_write_text,
@@ -106,10 +107,6 @@ MERGE_GAP_TOKENS = 512
 """Tokens of the run's first held-in prompt on which the merged model's log-probs are compared."""
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.2f}"
-
-
 def trained_on(cfg: Config) -> str:
     """What the run's tasks were (data.source), in words for the card."""
     categories = ", ".join(cfg.data.categories)
@@ -137,14 +134,13 @@ def results_table(run_dir: Path) -> str:
         return "_No held-in evaluation in this run yet._\n"
     seen = {c for e in evals.values() for c in e["success"] if c != "mean"}
     columns = [c for c in CATEGORIES if c in seen] + sorted(seen - set(CATEGORIES)) + ["mean"]
-    header = "| policy | " + " | ".join(columns) + " |\n|---|" + "---|" * len(columns) + "\n"
-    rows = []
-    for tag, e in evals.items():
-        cells = [_pct(e["success"].get(c)) for c in columns]
-        rows.append(f"| {'backbone' if tag == 'base' else 'trained adapter'} | " + " | ".join(cells) + " |")
+    rows = [
+        ["backbone" if tag == "base" else "trained adapter", *(pct(e["success"].get(c)) for c in columns)]
+        for tag, e in evals.items()
+    ]
     sizes = sorted({e["n_tasks"] for e in evals.values() if "n_tasks" in e})
-    over = f"\n\nOver {' / '.join(map(str, sizes))} held-in tasks, greedy." if sizes else ""
-    return header + "\n".join(rows) + over + "\n"
+    over = f"\nOver {' / '.join(map(str, sizes))} held-in tasks, greedy.\n" if sizes else ""
+    return markdown_table(["policy", *columns], rows) + over
 
 
 def suites_table(run_dir: Path) -> str:
@@ -153,7 +149,7 @@ def suites_table(run_dir: Path) -> str:
     for path in sorted((run_dir / "eval").glob("*.json")):
         result = read_json(path)
         if isinstance(result, dict) and "suite" in result:
-            scores = ", ".join(f"{k} {_pct(v)}" for k, v in result.get("scores", {}).items())
+            scores = ", ".join(f"{k} {pct(v)}" for k, v in result.get("scores", {}).items())
             lines.append(f"- `{result.get('tag', path.stem)}` ({result['suite']}): {scores or 'no columns scored'}")
     return "\n".join(lines) + "\n" if lines else "_None evaluated._\n"
 
