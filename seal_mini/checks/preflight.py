@@ -327,9 +327,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
     hook = lambda rows, so_far, logits: logits.masked_fill(~plain, float("-inf"))  # noqa: E731
     stats = RolloutStats()
     reset_peak(policy.device)
-    started = time.perf_counter()
     trajs = run_rollouts(policy, envs, cfg.rollout, cfg.rollout.temperature, cfg.seed, stats=stats, logits_hook=hook)
-    seconds = time.perf_counter() - started
     s = stats.summary()
     return {
         "episodes": len(envs),
@@ -337,7 +335,7 @@ def rollout_phase(policy, cfg: Config, filler: _Filler, shrink: int) -> tuple[di
         "slots": stats.concurrency,
         "kv_cache_gb": round(stats.kv_cache_bytes / 2**30, 2),
         "out_of_memory": stats.out_of_memory,
-        "seconds": round(seconds, 1),
+        "seconds": round(stats.seconds, 1),
         "prefill_tok_per_s": s["prefill_tokens_per_s"],
         "decode_tok_per_s": s["decode_tokens_per_s"],
         "longest_tokens": max(map(row_tokens, trajs)),
