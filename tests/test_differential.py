@@ -1,8 +1,8 @@
-"""The kit's episode and verifier against BFCL's own inference loop and scorer (seal_mini.checks.differential).
+"""The kit's episode and verifier against BFCL's own inference loop and scorer (tests/differential.py).
 
 Every one of the 800 tasks, the ground truth and the perturbation kinds in CI_KINDS (one for each way the
 kit once departed from BFCL, and controls): the kit's verdict must equal BFCL's on every episode, and so
-must the prompt of every model query. `python -m seal_mini oracle --differential` plays the whole battery
+must the prompt of every model query. `PYTHONPATH=. python tests/differential.py` plays the whole battery
 (PERTURBATIONS); it takes about four times as long.
 """
 
@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from seal_mini.checks.differential import (
+from differential import (
     CI_KINDS,
     KINDS,
     PERTURBATIONS,
@@ -27,6 +26,7 @@ from seal_mini.checks.differential import (
     print_report,
     run_differential,
 )
+
 from seal_mini.config import RolloutConfig
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.sequences import Sequences
@@ -95,7 +95,8 @@ def canonical(value, seen=frozenset()):
 
 def outcomes(order: list) -> dict[str, list]:
     """'task:kind' -> [reward, error type, labels, digest of the final public state], played in this order."""
-    from seal_mini.checks.differential import play_script
+    from differential import play_script
+
     from seal_mini.core.diagnose import diagnose
     from seal_mini.envs.episode import state_of
     from seal_mini.envs.verifier import check_episode
@@ -263,20 +264,18 @@ def test_a_new_segment_starts_where_the_old_one_had_no_room_left():
 
 
 def test_bad_options_are_one_line_naming_the_option(capsys):
-    from seal_mini.__main__ import main
-
-    assert main(["oracle", "--differential", "--kinds", "bogus"]) == 2
+    assert main(["--kinds", "bogus"]) == 2
     assert "error: --kinds: no kinds ['bogus'] for qwen_fc; its kinds: ground_truth" in capsys.readouterr().err
-    assert main(["oracle", "--differential", "--protocol", "llama_prompt", "--kinds", "one_line_tags"]) == 2
+    assert main(["--protocol", "llama_prompt", "--kinds", "one_line_tags"]) == 2
     assert "no kinds ['one_line_tags'] for llama_prompt" in capsys.readouterr().err
 
 
 def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):
-    from seal_mini.__main__ import main
+    from seal_mini.__main__ import main as seal_main
 
-    for argv in (["oracle", "--differential", "--limit", "-1"], ["diagnose-check", "--limit", "-1"]):
+    for command, argv in ((main, ["--limit", "-1"]), (seal_main, ["diagnose-check", "--limit", "-1"])):
         try:
-            main(argv)
+            command(argv)
             raise AssertionError(f"{argv} ran")
         except SystemExit as e:  # argparse's own one-line refusal
             assert e.code == 2
@@ -284,13 +283,12 @@ def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):
 
 
 def test_without_the_optional_extra_the_command_says_what_to_install(capsys, monkeypatch):
-    from seal_mini.__main__ import main as seal_main
-    from seal_mini.checks import differential
+    import differential
 
     monkeypatch.setattr(differential, "_installed", lambda name: name != "overrides")
     differential.reference_modules.cache_clear()
     try:
-        assert seal_main(["oracle", "--differential", "--limit", "1"]) == 2
+        assert differential.main(["--limit", "1"]) == 2
     finally:
         differential.reference_modules.cache_clear()
     err = capsys.readouterr().err
@@ -314,7 +312,7 @@ LLAMA_CI_KINDS = (
 
 def test_kit_and_bfcl_agree_on_the_llama_protocol_of_toolace():
     """The first 25 tasks of each category under BFCL's LlamaHandler: every verdict and every prompt (the
-    command plays all 800: `oracle --differential --protocol llama_prompt`)."""
+    command plays all 800: `tests/differential.py --protocol llama_prompt`)."""
     result = run_differential(LLAMA_CI_KINDS, limit=25, protocol="llama_prompt")["kinds"]
     for kind, tally in result.items():
         assert tally["episodes"] > (1 if kind in ("call_list_tuples_for_lists", "call_list_unary_plus") else 10), kind

@@ -6,9 +6,8 @@ That shows the environment and the verifier agree with the benchmark before any 
 `oracle --practice [--seed N]` does the same over the practice sets (seal_mini/envs/practice.py), and
 `oracle --recipe RECIPE [key=value ...]` over a recipe's split (e.g. a tasks world of your own).
 `oracle --splits [FILE ...]` compares BFCL splits: the kit's seeded one, the SEAL release's two (shipped in
-recipes/splits/) and any split files given. `python -m seal_mini oracle --differential [options]` goes further:
-the ground truth and a battery of perturbed episodes, each scored by the kit and by BFCL's own inference loop and
-scorer, which must agree on every one (seal_mini.checks.differential).
+recipes/splits/) and any split files given. tests/differential.py goes further: the ground truth and a battery
+of perturbed episodes, each scored by the kit and by BFCL's own inference loop and scorer, which must agree.
 """
 
 from __future__ import annotations
@@ -66,10 +65,6 @@ def compare_splits(files: list[str], seed: int = 0) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--differential"]:
-        from seal_mini.checks import differential
-
-        return differential.main(argv[1:])
     if argv[:1] == ["--splits"]:
         result = compare_splits(argv[1:])
         for name, f in result["splits"].items():

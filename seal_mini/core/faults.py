@@ -69,7 +69,7 @@ def call_blocks(calls: list[tuple[str, dict]]) -> list[str]:
     return [format_call(n, a) for n, a in calls]
 
 
-# --- damaged calls: how a model writes a call wrong (these builders' and `oracle --differential`'s) ------
+# --- damaged calls: how a model writes a call wrong (these builders' and tests/differential.py's) --------
 
 
 def damaged(name: str, arguments: dict, how: str) -> str:

@@ -1,4 +1,4 @@
-"""`python -m seal_mini oracle --differential`: the kit's episode and verifier against BFCL's own harness.
+"""`PYTHONPATH=. python tests/differential.py`: the kit's episode and verifier against BFCL's own harness.
 
 For every task this plays the ground truth and a battery of perturbed episodes (PERTURBATIONS) twice:
   kit        seal_mini.envs.episode.Episode, then seal_mini.envs.verifier.check_episode (what training and evaluation use);
@@ -110,7 +110,7 @@ def reference_modules() -> SimpleNamespace:
     """bfcl-eval's eval_runner, Qwen handler and data loaders (see the module docstring)."""
     if not _installed("overrides"):  # bfcl-eval's handlers need it; the kit's core does not
         raise ConfigError(
-            "oracle --differential runs BFCL's own handler, which needs the `overrides` package: "
+            "the differential runs BFCL's own handler, which needs the `overrides` package: "
             "pip install -r requirements-ood.txt (or `.venv/bin/pip install overrides`)"
         )
     missing = tuple(n for n in INFERENCE_ONLY_PACKAGES if not _installed(n))
@@ -896,19 +896,26 @@ def print_report(result: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m seal_mini oracle --differential", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python tests/differential.py", description=__doc__.split("\n")[0])
     parser.add_argument("--protocol", default="qwen_fc", choices=list(PROTOCOLS), help="the BFCL handler to compare")
     parser.add_argument("--kinds", nargs="+", help="perturbation kinds (default: all of the protocol's)")
     parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
     parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    reference_modules()  # a missing package is one line now, not a traceback after the first task
-    result = run_differential(args.kinds or KINDS[args.protocol], args.categories, args.limit, args.seed, args.protocol)
+    try:
+        reference_modules()  # a missing package is one line now, not a traceback after the first task
+        kinds = args.kinds or KINDS[args.protocol]
+        result = run_differential(kinds, args.categories, args.limit, args.seed, args.protocol)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print_report(result)
     print(json.dumps(result))
     # a refused call's output is the kit's own line, so a refusal kind's prompts and verdicts may differ
     held = [t for kind, t in result["kinds"].items() if kind not in REFUSAL_KINDS]
     return 0 if all(t["agree"] == t["same_prompts"] == t["episodes"] for t in held) else 1
+
+
+if __name__ == "__main__":  # from the project's folder, with the package on the path (PYTHONPATH=.)
+    sys.exit(main(sys.argv[1:]))
