@@ -32,6 +32,7 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 
 import yaml
+from safetensors import SafetensorError, safe_open
 
 
 class FileError(Exception):
@@ -171,8 +172,6 @@ def check_model_folder(folder: Path, required: tuple[str, ...], fix: str = REDO)
             raise FileError(f"{folder / name}: missing; {fix}")
     for path in sorted(folder.glob("*.json")):
         read_json(path, fix)
-    from safetensors import safe_open
-
     for path in weights:
         with reading(path, fix), safe_open(str(path), framework="pt"):
             pass  # opening it checks the header and that the file is as long as the header says
@@ -249,8 +248,6 @@ def _write_problem(e: BaseException, folder: Path) -> str:
 def writing(path: Path) -> Iterator[None]:
     """Turn a failure while writing `path` (disk full, permission denied; torch and safetensors report
     those as their own errors) into a FileError naming it."""
-    from safetensors import SafetensorError
-
     try:
         yield
     except (OSError, RuntimeError, SafetensorError) as e:
@@ -347,8 +344,6 @@ def new_dir(final: Path) -> Iterator[Path]:
     """A folder written whole: yields a temporary folder to fill; on success it is made durable and
     renamed to `final` (replacing an older one), on failure removed, leaving what was there before. A
     failed write (as `writing` sees one) raises FileError naming the file under `final` being written."""
-    from safetensors import SafetensorError
-
     final = Path(final)
     if final.exists() and not final.is_dir():  # it would be renamed aside and lost under a temporary name
         raise FileError(f"{final} is a file, not a folder; name a folder to write into (the file is left as it is)")
