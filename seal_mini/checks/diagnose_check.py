@@ -40,6 +40,7 @@ from seal_mini.checks.oracle import practice_tasks, recipe_tasks
 from seal_mini.config import CATEGORIES, DiagnosisConfig, nonnegative
 from seal_mini.core.diagnose import diagnose_turns, evidence, reference
 from seal_mini.core.faults import BUILDERS, FAULTS, REPAIRED, as_pairs, call_blocks, plan, turn_messages
+from seal_mini.core.judge import FINER_LABELS, LABEL_DESCRIPTIONS, judge_from_config, tiny_random_judge, turn_prompt
 from seal_mini.envs.bfcl import Task, load_tasks
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.scripted import DONE_TEXT, play_messages
@@ -385,8 +386,6 @@ def _summary(run: Run) -> dict:
 def judge_agreement(judge, categories=CATEGORIES, limit: int = 0, seed: int = 0, turns: int = 70) -> dict:
     """How often the small model's closed-set pick agrees with the rules on faulted turns (and, for two
     state faults, with the finer cause the fault implies). Sampled: `turns` faulty episodes."""
-    from seal_mini.core.judge import FINER_LABELS, LABEL_DESCRIPTIONS, turn_prompt
-
     tasks = [t for t in load_tasks(categories) if not limit or t.index < limit]
     rng = random.Random(f"{seed}:judge")
     kinds = list(FAULTS)
@@ -538,8 +537,6 @@ def main(argv: list[str]) -> int:
         tasks,
     )
     if args.small_model:
-        from seal_mini.core.judge import judge_from_config, tiny_random_judge
-
         if args.small_model == "tiny":
             judge = tiny_random_judge(args.seed)
         else:
