@@ -24,9 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import tempfile
 import time
+from pathlib import Path
+
+import yaml
 
 from seal_mini.config import CATEGORIES, ConfigError, load_config
+from seal_mini.programs.placement import launch_command
+from seal_mini.runio import read_metrics
 
 
 def bench_rollout(episodes: int, concurrent: int, max_new_tokens: int, overrides: list[str]) -> dict:
@@ -108,16 +116,6 @@ RANKS_WORKLOAD = {
 
 def bench_ranks(ranks: int, repeats: int, overrides: list[str]) -> dict:
     """The same training steps in one process and on `ranks` processes (torchrun, gloo), alternating."""
-    import os
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    import yaml
-
-    from seal_mini.programs.placement import launch_command
-    from seal_mini.runio import read_metrics
-
     if ranks < 2 or repeats < 1:
         raise ConfigError("bench ranks: --ranks must be at least 2 and --repeats at least 1")
     load_config(None, overrides)  # a bad override is named now, not inside a child process
