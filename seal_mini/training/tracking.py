@@ -191,7 +191,6 @@ class Tracker:
     """Sends each finished step to the live backends the recipe names (jsonl is written elsewhere)."""
 
     def __init__(self, cfg: Config, run_dir: Path, history: list[dict]):
-        """`history`: the metrics rows of the steps already done (a resumed run's rows before its checkpoint)."""
         check_backends(cfg)
         self.samples = cfg.train.print_samples
         self.tensorboard = self.wandb = None
