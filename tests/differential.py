@@ -35,6 +35,7 @@ import importlib.util
 import inspect
 import io
 import json
+import pickle
 import random
 import sys
 import time
@@ -54,10 +55,10 @@ from seal_mini.envs.harness import (
     PROTOCOLS,
     QWEN_FC,
     Protocol,
+    _fresh_plan,
     bfcl_class,
     first_defaults,
     instance_name,
-    restore_module_data,
     source_literals,
 )
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, play, play_messages
@@ -182,7 +183,10 @@ def _fresh_process() -> None:
         cls = bfcl_class(class_name)
         for name, defaults in first_defaults(cls).items():
             getattr(cls, name).__defaults__ = copy.deepcopy(defaults)
-    restore_module_data(V3_CLASSES)  # BFCL's TravelAPI drains long_context.py's shared card balances
+        # the module data as the source writes it, in the modules themselves (BFCL's TravelAPI drains
+        # long_context.py's shared card balances)
+        for module, blob in _fresh_plan(cls).data.items():
+            vars(importlib.import_module(module)).update(pickle.loads(blob))
 
 
 @dataclass

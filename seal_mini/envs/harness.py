@@ -584,14 +584,6 @@ def _reduce_fresh(self, protocol: int):
     return _fresh_instance, (type(self)._fresh_key,), state
 
 
-def restore_module_data(class_names) -> None:
-    """Put the module data those classes read back as a fresh process has it, in the modules themselves:
-    for code that runs the classes as they are (BFCL's own loop in the differential test)."""
-    for class_name in class_names:
-        for module, blob in _fresh_plan(bfcl_class(class_name)).data.items():
-            vars(importlib.import_module(module)).update(pickle.loads(blob))
-
-
 _METHOD_NAMES: dict[tuple[str, str], tuple[str, ...]] = {}
 
 
