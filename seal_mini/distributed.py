@@ -297,10 +297,6 @@ def check_same_weights(params: list[torch.nn.Parameter]) -> None:
 def run_lock(run_dir: Path, command: str) -> Iterator[None]:
     """runio.run_lock held by rank 0 for the whole job; the other ranks go on once it holds it (or stop
     with its error). In one process: runio.run_lock."""
-    if world_size() == 1:
-        with runio.run_lock(run_dir, command):
-            yield
-        return
     with contextlib.ExitStack() as stack:
         from_rank0(stack.enter_context, runio.run_lock(run_dir, command), what="waiting for rank 0 to lock the run")
         yield
