@@ -30,8 +30,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def _bfcl_corpus() -> list[str]:
-    """Texts the tiny tokenizer learns from: every tool schema, user turn and reference call of BFCL."""
+@cache
+def _tiny_tokenizer_json() -> str:
+    """The tiny tokenizer as JSON, trained on every tool schema, user turn and reference call of BFCL."""
     from seal_mini.envs.bfcl import load_tasks, to_chat_tool, tool_docs
     from seal_mini.envs.episode import render_new_tools
 
@@ -44,12 +45,7 @@ def _bfcl_corpus() -> list[str]:
         texts.update(m["content"] for turn in task.turns for m in turn)
         texts.update(call for calls in task.ground_truth for call in calls)
         texts.update(render_new_tools(docs) for docs in task.held_out.values())
-    return sorted(texts)  # sorted: the trainer sees the same stream every time
-
-
-@cache
-def _tiny_tokenizer_json() -> str:
-    return train_tokenizer_json(_bfcl_corpus(), TINY_VOCAB, pieces=None)
+    return train_tokenizer_json(sorted(texts), TINY_VOCAB, pieces=None)
 
 
 def tiny_tokenizer():
