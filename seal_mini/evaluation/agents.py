@@ -12,7 +12,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from seal_mini.config import Config, ConfigError
-from seal_mini.distributed import is_main, split_work
+from seal_mini.distributed import is_main, split_work, world_size
 from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.runio import write_json, write_jsonl_gz
 
@@ -138,13 +138,14 @@ def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, *
     }
 
 
-def play_in_pieces(todo: list, piece: int, play: Callable, done: list, piece_path, desc: str, progress: bool) -> list:
+def play_in_pieces(todo: list, chunk: int, play: Callable, done: list, piece_path, desc: str, progress: bool) -> list:
     """Play `todo` a piece at a time, each rank its share (split_work); rank 0 saves every finished piece at
     piece_path(rows done before it), so a stopped evaluation resumes after its last piece. Returns `done`
     with the new rows appended, in order. play(share, bar) plays a share, one row per item; `bar` (tqdm,
     shown on rank 0 when `progress`) starts at the rows already done and moves as episodes finish."""
     from tqdm import tqdm
 
+    piece = chunk * world_size()  # under torchrun each rank plays `chunk` items of a piece at once
     bar = tqdm(total=len(done) + len(todo), initial=len(done), desc=desc, disable=not progress or not is_main())
     for start in range(0, len(todo), piece):
         rows = split_work(todo[start : start + piece], lambda share: play(share, bar))

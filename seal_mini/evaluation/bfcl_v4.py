@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seal_mini.config import MEMORY_SCENARIOS, Config, ConfigError
-from seal_mini.distributed import from_rank0, world_size
+from seal_mini.distributed import from_rank0
 from seal_mini.envs.bfcl import Task, bfcl_root, read_jsonl, tool_docs
 from seal_mini.envs.episode import NO_CALL, Episode
 from seal_mini.envs.toolcalls import format_call
@@ -407,10 +407,9 @@ def _run_questions(agent, questions: list[AgenticTask], partial: Path, column: s
         return [_row(item, env, record, *score(env)) for item, env, record in zip(items, envs, records, strict=True)]
 
     done = from_rank0(read_pieces, partial, f"{column}.q*.jsonl.gz")  # a prefix of the questions, in order
-    piece = CHUNK * world_size()  # under torchrun each rank plays CHUNK questions of a piece at once
     todo = questions[len(done) :]
     return play_in_pieces(
-        todo, piece, play, done, lambda n: partial / f"{column}.q{n:05d}.jsonl.gz", f"eval {column}", progress
+        todo, CHUNK, play, done, lambda n: partial / f"{column}.q{n:05d}.jsonl.gz", f"eval {column}", progress
     )
 
 

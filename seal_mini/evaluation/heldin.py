@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, EVAL_LIMITS, Config, ConfigError
-from seal_mini.distributed import from_rank0, world_size
+from seal_mini.distributed import from_rank0
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS, QWEN_FC, Protocol
@@ -62,10 +62,9 @@ def evaluate(
     done_rows = from_rank0(resume_pieces, partial, identity)  # resume: the pieces already finished
     done_ids = {r["task_id"] for r in done_rows}
     todo = [t for t in tasks if t.id not in done_ids]
-    piece = chunk_size * world_size()  # each rank plays chunk_size episodes of a piece at once
     done_rows = play_in_pieces(
         todo,
-        piece,
+        chunk_size,
         lambda share, bar: play_tasks(agent, share, bar, PROTOCOLS[cfg.model.protocol]),
         done_rows,
         lambda n: partial / f"{n:06d}.jsonl.gz",

@@ -46,7 +46,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
-from seal_mini.distributed import from_rank0, world_size
+from seal_mini.distributed import from_rank0
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
@@ -632,9 +632,8 @@ def evaluate_tau2(
                 for env, record in zip(envs, records, strict=True)
             ]
 
-        piece = chunk_size * world_size()  # under torchrun each rank plays chunk_size tasks of a piece at once
         done_rows = play_in_pieces(
-            todo, piece, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", f"tau2 {tag}", progress
+            todo, chunk_size, play, done_rows, lambda n: partial / f"{n:06d}.jsonl.gz", f"tau2 {tag}", progress
         )
 
     by_key = {(r["column"], r["task_id"]): r for r in done_rows}
