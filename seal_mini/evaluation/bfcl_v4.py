@@ -267,14 +267,6 @@ def _web_search_columns(cfg: Config) -> tuple[list[str], dict[str, str]]:
     return list(WEB_SEARCH_COLUMNS), {}
 
 
-def _import_backend(suite: Suite, column: str, cfg: Config) -> None:
-    """Import a back end's packages now, with a clear message if the optional extra is missing."""
-    for module in suite.modules([column]):
-        require(module, suite.name)
-    if column == "memory_vector":
-        _import_vector_backend(cfg.ood.embedding_model)
-
-
 def _import_vector_backend(folder: str) -> None:
     """BFCL's vector back end loads its embedder by hub name when imported; point it at a local folder."""
     import importlib
@@ -336,7 +328,10 @@ def evaluate_bfcl_v4(
     # web search needs the network, but only the public internet; nothing else may reach it at all
     with spec.guard():
         for column in columns:
-            _import_backend(spec, column, cfg)
+            for module in spec.modules([column]):  # imported now: a clear message if the optional extra is missing
+                require(module, spec.name)
+            if column == "memory_vector":
+                _import_vector_backend(cfg.ood.embedding_model)
             if column.startswith("memory_"):  # a memory back end: its prerequisite conversations build it first
                 chains, questions = memory_tasks(
                     column, snapshots / column, cfg.ood.max_tasks, cfg.ood.memory_scenarios
