@@ -42,7 +42,7 @@ from seal_mini.core.faults import BUILDERS, FAULTS, plan, turn_messages
 from seal_mini.core.interface import COMPONENTS, GUIDELINES, SCHEMA_TRIGGERS, Interface, InterfaceState, shown_texts
 from seal_mini.distributed import is_main
 from seal_mini.engine.logprobs import right_pad, token_logprobs
-from seal_mini.engine.policy import SCRATCH, WARM_START, warm_start_dir
+from seal_mini.engine.policy import SCRATCH, WARM_START, add_lora, load_backbone, warm_start_dir
 from seal_mini.engine.scratch import task_corpus
 from seal_mini.envs import practice, world
 from seal_mini.envs.bfcl import Task
@@ -350,7 +350,7 @@ def warm_start_config(cfg: Config) -> Config:
 
 def identity(cfg: Config) -> dict:
     """Everything a warm start depends on: the same identity gives the same weights."""
-    from seal_mini.engine.policy import resolve_device
+    from seal_mini.engine.policy import resolve_device  # looked up when called, so a test can stand in a GPU
 
     cfg = warm_start_config(cfg)
     d = cfg.to_dict()
@@ -377,8 +377,6 @@ def identity(cfg: Config) -> dict:
 
 def run_sft(cfg: Config) -> Path:
     """Build the warm start into <run_dir>/warm_start (replacing what is there) and return that folder."""
-    from seal_mini.engine.policy import add_lora, load_backbone
-
     out = warm_start_dir(cfg)
     cfg = warm_start_config(cfg)
     started = time.perf_counter()
