@@ -14,12 +14,13 @@ from collections import Counter
 from pathlib import Path
 
 from seal_mini.config import CATEGORIES, EVAL_LIMITS, Config, ConfigError
+from seal_mini.core.diagnose import diagnose
 from seal_mini.distributed import from_rank0
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS, QWEN_FC, Protocol
 from seal_mini.envs.splits import split_name
-from seal_mini.envs.verifier import CHECKER_RAISED
+from seal_mini.envs.verifier import CHECKER_RAISED, check_episode
 from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces, save_result
 from seal_mini.runio import read_json, resume_pieces
 
@@ -109,9 +110,6 @@ def heldin_config(cfg: Config) -> Config:
 def play_tasks(agent, tasks: list[Task], progress=None, protocol: Protocol = QWEN_FC) -> list[dict]:
     """`agent` on each task in the bare environment (following `protocol`'s BFCL handler), scored by the
     official checker: one row per task."""
-    from seal_mini.core.diagnose import diagnose
-    from seal_mini.envs.verifier import check_episode
-
     envs = [Episode(t, protocol=protocol) for t in tasks]  # BFCL's own limits: env.* shape training episodes only
     records = agent.run(envs, progress=progress) if envs else []  # the bar moves as each episode finishes
     rows = []
