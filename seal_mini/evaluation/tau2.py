@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.distributed import from_rank0
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
@@ -407,8 +409,6 @@ class InProcessUser:
 
     def generate(self, messages: list[dict], tools: list[dict], generator) -> str:
         """One message, greedy at temperature 0; stops at the template's end of turn."""
-        import torch
-
         from seal_mini.engine.sequences import sample_tokens
 
         renderer, model = self.policy.renderer, self.policy.model
@@ -433,8 +433,6 @@ class InProcessUser:
 
 class _ModelUserSim:
     def __init__(self, owner: InProcessUser, task, user_tools):
-        import torch
-
         self.owner = owner
         # tau2's own simulator supplies the system prompt and the state (it is never asked to generate)
         self.prompt = tau2().UserSimulator(tools=user_tools, instructions=str(task.user_scenario))
