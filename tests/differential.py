@@ -64,6 +64,7 @@ from seal_mini.envs.harness import (
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns, play, play_messages
 from seal_mini.envs.toolcalls import format_call
 from seal_mini.envs.verifier import check_episode
+from seal_mini.runio import FileError
 
 Call = tuple[str, dict]
 Script = list[list[str]]
@@ -911,7 +912,7 @@ def main(argv: list[str]) -> int:
         reference_modules()  # a missing package is one line now, not a traceback after the first task
         kinds = args.kinds or KINDS[args.protocol]
         result = run_differential(kinds, args.categories, args.limit, args.seed, args.protocol)
-    except ConfigError as e:
+    except (ConfigError, FileError, OSError) as e:  # a wrong option, a damaged file, a full disk: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_report(result)

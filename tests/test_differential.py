@@ -268,6 +268,10 @@ def test_bad_options_are_one_line_naming_the_option(capsys):
     assert "error: --kinds: no kinds ['bogus'] for qwen_fc; its kinds: ground_truth" in capsys.readouterr().err
     assert main(["--protocol", "llama_prompt", "--kinds", "one_line_tags"]) == 2
     assert "no kinds ['one_line_tags'] for llama_prompt" in capsys.readouterr().err
+    from seal_mini.__main__ import main as seal_main
+
+    assert seal_main(["oracle", "--differential", "--limit", "1"]) == 2  # the command it once was names this file
+    assert "tests/differential.py" in capsys.readouterr().err
 
 
 def test_a_limit_below_zero_is_one_line_not_a_run_of_nothing(capsys):

@@ -17,7 +17,7 @@ import json
 import time
 from pathlib import Path
 
-from seal_mini.config import CATEGORIES, DataConfig, load_config
+from seal_mini.config import CATEGORIES, ConfigError, DataConfig, load_config
 from seal_mini.envs import practice
 from seal_mini.envs.bfcl import Task, load_tasks, make_split, read_split_file
 from seal_mini.envs.scripted import POLICIES, replay
@@ -65,6 +65,8 @@ def compare_splits(files: list[str], seed: int = 0) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--differential"]:  # once a mode of this command; a test against BFCL's code now
+        raise ConfigError("the differential moved to the tests: PYTHONPATH=. .venv/bin/python tests/differential.py")
     if argv[:1] == ["--splits"]:
         result = compare_splits(argv[1:])
         for name, f in result["splits"].items():
