@@ -27,6 +27,7 @@ from differential import (
     run_differential,
 )
 
+from seal_mini.__main__ import main as seal_main
 from seal_mini.config import RolloutConfig
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.sequences import Sequences
@@ -268,8 +269,6 @@ def test_bad_options_are_one_line_naming_the_option(capsys):
     assert "error: --kinds: no kinds ['bogus'] for qwen_fc; its kinds: ground_truth" in capsys.readouterr().err
     assert main(["--protocol", "llama_prompt", "--kinds", "one_line_tags"]) == 2
     assert "no kinds ['one_line_tags'] for llama_prompt" in capsys.readouterr().err
-    from seal_mini.__main__ import main as seal_main
-
     assert seal_main(["oracle", "--differential", "--limit", "1"]) == 2  # the command it once was names this file
     assert "tests/differential.py" in capsys.readouterr().err
 
