@@ -15,6 +15,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import yaml
 
@@ -555,8 +556,6 @@ class OodConfig:
         )
         _check(self.tau2_max_steps >= 2, f"{key}.tau2_max_steps", "must be >= 2")
         if self.user_api_base:
-            from urllib.parse import urlparse
-
             host = urlparse(self.user_api_base).hostname or ""
             _check(
                 host in ("127.0.0.1", "localhost", "::1"),

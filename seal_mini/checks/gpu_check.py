@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from seal_mini.config import ConfigError, load_config
-from seal_mini.runio import write_json
+from seal_mini.runio import read_metrics, write_json
 
 MAIN = "recipes/qwen2_5_3b.yaml"
 PREFLIGHTS = (
@@ -236,7 +236,6 @@ def measured(module, names: list[str], device: torch.device, into: dict):
 
 def train_steps(check: Check) -> dict:
     """Two steps of the main recipe's loop on its random-weight model: per phase, time and peak memory."""
-    from seal_mini.runio import read_metrics
     from seal_mini.training import checkpoint
     from seal_mini.training import train as train_module
 

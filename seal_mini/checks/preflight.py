@@ -40,10 +40,10 @@ from types import SimpleNamespace
 import torch
 
 from seal_mini.config import Config, ConfigError, load_config
-from seal_mini.engine.device import peak_memory, reset_peak
+from seal_mini.engine.device import cap_memory, peak_memory, reset_peak, resolve_device
 from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.policy import SCRATCH, TINY
-from seal_mini.engine.scratch import CHAT_TEMPLATE
+from seal_mini.engine.scratch import CHAT_TEMPLATE, random_model
 from seal_mini.envs.splits import load_split, tasks_for
 from seal_mini.runio import read_json
 
@@ -156,7 +156,6 @@ def built_here(cfg: Config) -> dict:
     """config.json of a model the kit builds itself: tiny-random (engine/tiny.py) or scratch (engine/scratch.py,
     sized by model.scratch). Both get the tiny tokenizer's ids, the tokenizer preflight runs with (a scratch
     model's own, trained on its tasks, has at most model.scratch.vocab)."""
-    from seal_mini.engine.scratch import random_model
     from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
 
     if cfg.model.name == TINY:
@@ -403,8 +402,7 @@ def _took(minutes: float) -> str:
 
 def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     """Run the phases; returns (result, what does not fit: one line per setting to lower)."""
-    from seal_mini.engine.device import cap_memory, resolve_device
-    from seal_mini.engine.policy import load_policy
+    from seal_mini.engine.policy import load_policy  # looked up at each call: a test injects its own loader
     from seal_mini.engine.render import SPECIAL_TOKENS
     from seal_mini.engine.tiny import tiny_tokenizer
 

@@ -9,6 +9,7 @@ the process. The CUDA allocator setting the command line starts with is in seal_
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import TypeVar
 import torch
 import torch.distributed
 
+from seal_mini import SUPPORTED
 from seal_mini.config import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -26,9 +28,6 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 
 def supported_versions() -> str:
     """Empty when torch, transformers and peft are within seal_mini.SUPPORTED, else one line naming what is not."""
-    import importlib.metadata
-
-    from seal_mini import SUPPORTED
 
     def key(version: str) -> tuple[int, ...]:
         return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])

@@ -6,11 +6,15 @@ written (save_result). Held-in BFCL V3 and every suite run their episodes throug
 from __future__ import annotations
 
 import copy
+import hashlib
 import shutil
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+
+from seal_mini import __version__
 from seal_mini.config import Config, ConfigError
 from seal_mini.distributed import is_main, split_work, world_size
 from seal_mini.envs.scripted import POLICIES, play
@@ -40,10 +44,6 @@ class ModelAgent:
         """sha256 of the adapter weights this agent runs with (None for the backbone): two evaluations
         of differently trained adapters never share pieces, whatever their source says."""
         if self.adapter and self._adapter_hash is None:
-            import hashlib
-
-            import torch
-
             digest = hashlib.sha256()
             active = getattr(self.policy.model, "active_adapter", "default")  # not a frozen reference copy
             for name, lora in sorted(getattr(self.policy.model, "peft_config", {}).items()):
@@ -112,8 +112,6 @@ class ScriptedAgent:
 def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, **extra) -> dict:
     """What produced a piece of evaluation work: policy, adapter, source, tasks, generation settings, token
     limits, kit version (and what a suite adds). A piece is reused only by an evaluation with the same."""
-    from seal_mini import __version__
-
     r = cfg.rollout
     return {
         "policy": agent.name,
@@ -143,7 +141,7 @@ def play_in_pieces(todo: list, chunk: int, play: Callable, done: list, piece_pat
     piece_path(rows done before it), so a stopped evaluation resumes after its last piece. Returns `done`
     with the new rows appended, in order. play(share, bar) plays a share, one row per item; `bar` (tqdm,
     shown on rank 0 when `progress`) starts at the rows already done and moves as episodes finish."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # looked up at each call: a test stands its own bar in for tqdm's
 
     piece = chunk * world_size()  # under torchrun each rank plays `chunk` items of a piece at once
     bar = tqdm(total=len(done) + len(todo), initial=len(done), desc=desc, disable=not progress or not is_main())

@@ -19,7 +19,7 @@ from seal_mini.distributed import from_rank0
 from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS, QWEN_FC, Protocol
-from seal_mini.envs.splits import split_name
+from seal_mini.envs.splits import load_split, pick, split_name, tasks_for
 from seal_mini.envs.verifier import CHECKER_RAISED, check_episode
 from seal_mini.evaluation.agents import ModelAgent, eval_identity, play_in_pieces, save_result
 from seal_mini.runio import read_json, resume_pieces
@@ -131,8 +131,6 @@ def play_tasks(agent, tasks: list[Task], progress=None, protocol: Protocol = QWE
 
 def eval_tasks(cfg: Config, ids_file: str | None = None) -> list[Task]:
     """The ids to evaluate: an explicit id list file, or the run's split side (eval.split)."""
-    from seal_mini.envs.splits import load_split, pick, tasks_for
-
     split = load_split(cfg)  # a tasks world's ids are known from here on
     if ids_file:
         path = Path(ids_file)

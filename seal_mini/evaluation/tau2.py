@@ -41,9 +41,11 @@ import itertools
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import urlparse
 
 import torch
 
@@ -497,9 +499,6 @@ class ApiUser:
 
 def _check_reachable(api_base: str) -> None:
     """A clear error now, rather than a client's traceback mid-evaluation, when nothing listens there."""
-    import socket
-    from urllib.parse import urlparse
-
     url = urlparse(api_base)
     port = url.port or (443 if url.scheme == "https" else 80)
     try:

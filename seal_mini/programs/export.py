@@ -27,11 +27,16 @@ import os
 import shutil
 from pathlib import Path
 
+import torch
 import yaml
 
 from seal_mini import __version__
 from seal_mini.config import CATEGORIES, Config, ConfigError, config_from_dict, saved_config
-from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH, TINY, TOKENIZER_PROBE, warm_start_dir
+from seal_mini.engine.device import DTYPES
+from seal_mini.engine.logprobs import token_logprobs
+from seal_mini.engine.policy import ADAPTER_FILES, SCRATCH, TINY, TOKENIZER_PROBE, load_hf_base, warm_start_dir
+from seal_mini.engine.render import ChatRenderer
+from seal_mini.envs.episode import Episode
 from seal_mini.envs.splits import load_split, tasks_for
 from seal_mini.evaluation.report import markdown_table, pct
 from seal_mini.runio import (
@@ -243,7 +248,6 @@ def model_card(
 def as_llama(model):
     """The same function in Llama's form: Qwen2 is Llama with biased q, k and v projections, so a Llama with
     attention biases and a zero o_proj bias computes exactly what the Qwen2 did."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = model.config
@@ -318,10 +322,6 @@ def _unquantized(cfg: Config) -> Config:
 def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
     """Copy the trained adapter, naming a base that loads from anywhere, with its model card and the run's
     recipe beside it; a base only the run has (tiny-random, a warm start) goes into out/base."""
-    import torch
-
-    from seal_mini.engine.policy import load_hf_base
-
     cfg = run_config(run_dir)
     adapter = trained_adapter(run_dir)
     adapter_config = read_json(adapter / "adapter_config.json", f"finish or resume the training of {run_dir}")
@@ -347,14 +347,7 @@ def export_adapter(run_dir: Path, out: Path, force: bool = False) -> Path:
 def export_merged(run_dir: Path, out: Path, dtype: str = "float32", device: str = "cpu", force: bool = False) -> Path:
     """The base with the adapter merged in float32, saved in `dtype` (never 4-bit) as a plain transformers
     model; the card states the log-prob gap to the unmerged adapter on the run's first held-in prompt."""
-    import torch
     from peft import PeftModel
-
-    from seal_mini.engine.device import DTYPES
-    from seal_mini.engine.logprobs import token_logprobs
-    from seal_mini.engine.policy import load_hf_base
-    from seal_mini.engine.render import ChatRenderer
-    from seal_mini.envs.episode import Episode
 
     cfg = run_config(run_dir)
     if dtype not in DTYPES:

@@ -9,6 +9,7 @@ loop state and the metrics of the steps already done) and save_checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import shutil
 import sys
@@ -119,8 +120,6 @@ def save_checkpoint(run_dir: Path, policy, optimizer, scheduler, state: LoopStat
 
 
 def file_digest(path: Path) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

@@ -30,8 +30,10 @@ import random
 import time
 
 import torch
+import transformers
 from tqdm import tqdm
 
+from seal_mini import __version__
 from seal_mini.config import Config
 from seal_mini.core.diagnose import diagnose_turns, failure_profile, trajectory_profile
 from seal_mini.core.grpo import (
@@ -238,10 +240,6 @@ def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], tag: str)
 
 def package_versions() -> dict[str, str]:
     """The versions whose code shapes a run (every rank must run the same)."""
-    import transformers
-
-    from seal_mini import __version__
-
     return {"seal_mini": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
