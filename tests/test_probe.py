@@ -97,3 +97,36 @@ def test_probe_command_on_a_small_warm_start(tmp_path, capsys):
         assert 0.0 <= figures["target_rate_on"] <= 1.0 and figures["success_off"] == result["sampled_success"]
     out = capsys.readouterr().out
     assert "sampled_success" in out and "guidelines:cautious_call" in out
+    # --skip plays epoch 0's tasks from the K-th on: 3 of the 8 from the 5th; none from the 8th is an error
+    assert probe.main(["recipes/cpu_learn.yaml", *overrides, "--tasks", "9", "--skip", "5", "--no-cues"]) == 0
+    result = read_json(tmp_path / "cpu_learn" / "probe.json")
+    assert result["tasks"] == 3 and result["skip"] == 5 and result["episodes"] == 6 and "cues" not in result
+    with pytest.raises(SystemExit, match="leaves none of the 8 training tasks"):
+        probe.main(["recipes/cpu_learn.yaml", *overrides, "--skip", "8", "--no-cues"])
+
+
+def test_select_keeps_the_first_build_inside_the_targets(monkeypatch):
+    """--select builds with sft.seed, +1, ... and stops at the first whose four figures lie in TARGETS (edges
+    included); a figure missing (no success to look at) is not inside."""
+    inside = {
+        "sampled_success": 0.10,
+        "greedy_success": 0.10,
+        "mixed_groups": 0.60,
+        "successes_with_a_failure_label": 0.0,
+    }
+    figures = {0: inside | {"greedy_success": 0.11}, 1: inside | {"successes_with_a_failure_label": None}, 2: inside}
+    figures |= {3: inside, 5: inside | {"mixed_groups": 0.59}, 6: inside | {"sampled_success": 0.26}}
+    played = []
+
+    def fake_probe(cfg, n_tasks, cues, skip):
+        played.append((cfg.sft.seed, n_tasks, cues, skip))
+        return dict(figures[cfg.sft.seed])
+
+    monkeypatch.setattr(probe, "probe", fake_probe)
+    result = probe.select(load_config(None, []), 5, 7, 4)  # sft.seed -1: the run's seed (0) first
+    assert played == [(0, 5, False, 7), (1, 5, False, 7), (2, 5, False, 7)]
+    assert result["selected"] == 2 and [t["sft.seed"] for t in result["select"]] == [0, 1, 2]
+    assert result["select"][0]["greedy_success"] == 0.11 and result["mixed_groups"] == 0.60
+    played.clear()
+    result = probe.select(load_config(None, ["sft.seed=5"]), 5, 0, 2)  # none inside: the last build's figures
+    assert [p[0] for p in played] == [5, 6] and result["selected"] is None and result["sampled_success"] == 0.26

@@ -9,12 +9,15 @@ epoch 0 (same streams as step 0 of a run of that seed, the bare environment a cl
 one greedy episode per task, and then the same sampled episodes with each cue forced on alone. It prints
 the figures beside the targets a practice recipe is calibrated to, with 95% bootstrap intervals over the
 tasks (at 64 tasks the share of mixed groups is known to about +-11 points; --tasks 256 halves that), and writes
-<run_dir>/probe.json.
+<run_dir>/probe.json. --skip K plays epoch 0's tasks from the K-th on. Two builds of one world differ as much as
+two worlds do, so --select N is the calibration after the build: it builds with sft.seed, sft.seed + 1, ... and
+keeps the first warm start whose four figures lie inside the targets (N builds at most).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -239,7 +242,7 @@ def _verdict(name: str, interval) -> str:
     return f"undecided: the interval crosses [{low}, {high}] (more --tasks narrow it)"
 
 
-def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
+def probe(cfg: Config, n_tasks: int, cues: bool, skip: int = 0) -> dict:
     """The figures of the recipe's warm start (built first if it is not there)."""
     from seal_mini.engine.policy import load_policy
     from seal_mini.envs.splits import load_split, pick
@@ -250,12 +253,14 @@ def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
         ensure_warm_start(cfg)
     started = time.perf_counter()
     train_tasks = pick(load_split(cfg)["train"], cfg.data.max_train_tasks)
-    tasks = tasks_for_step(train_tasks, 0, len(train_tasks), cfg.seed)[:n_tasks]  # epoch 0's order
+    tasks = tasks_for_step(train_tasks, 0, len(train_tasks), cfg.seed)[skip : skip + n_tasks]  # epoch 0's order
+    if not tasks:
+        raise SystemExit(f"probe: --skip {skip} leaves none of the {len(train_tasks)} training tasks to play")
     torch.manual_seed(cfg.seed)
     policy = load_policy(cfg)
     sampled = play(policy, cfg, tasks, cfg.rollout.temperature, cfg.rollout.group_size, None)
     greedy = play(policy, cfg, tasks, 0.0, 1, None)
-    result = {"tasks": len(tasks), "group_size": cfg.rollout.group_size, "temperature": cfg.rollout.temperature}
+    result = {"tasks": len(tasks), "skip": skip} | {k: getattr(cfg.rollout, k) for k in ("group_size", "temperature")}
     result |= start_figures(sampled, greedy, cfg)
     for name in TARGETS:
         interval = result["intervals"][name]
@@ -280,18 +285,37 @@ def probe(cfg: Config, n_tasks: int, cues: bool) -> dict:
     return result
 
 
+def select(cfg: Config, n_tasks: int, skip: int, tries: int) -> dict:
+    """Build with sft.seed, sft.seed + 1, ... (at most `tries`) until the four figures lie inside TARGETS: the
+    figures of the first build inside them (else of the last), each try's under "select"."""
+    first, tried = cfg.sft.seed if cfg.sft.seed >= 0 else cfg.seed, []
+    for seed in range(first, first + tries):
+        result = probe(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=seed)), n_tasks, False, skip)
+        tried.append({"sft.seed": seed} | {name: result[name] for name in TARGETS})
+        if all(result[n] is not None and low <= result[n] <= high for n, (low, high) in TARGETS.items()):
+            print(f"[probe] the build of sft.seed={seed} lies inside the targets: set it in the recipe", flush=True)
+            return result | {"select": tried, "selected": seed}
+    print(f"[probe] none of the {tries} builds lies inside the targets (the last is kept)", flush=True)
+    return result | {"select": tried, "selected": None}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m seal_mini probe", description=__doc__.split("\n")[0])
     parser.add_argument("recipe", help="recipes/X.yaml")
     parser.add_argument("overrides", nargs="*", help="key.sub=value")
     parser.add_argument("--tasks", type=int, default=64, help="training tasks to play (epoch 0's first N)")
+    parser.add_argument("--skip", type=int, default=0, help="play epoch 0's tasks from the K-th on (default 0)")
     parser.add_argument("--no-cues", action="store_true", help="skip forcing each cue on (the slow part)")
+    parser.add_argument("--select", type=int, default=0, help="keep the first of N builds inside the targets")
     args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
-    if args.tasks < 1:
-        parser.error("--tasks must be >= 1")
+    if args.tasks < 1 or args.skip < 0 or args.select < 0:
+        parser.error("--tasks must be >= 1, --skip and --select >= 0")
     cfg = load_config(args.recipe, args.overrides)
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it may build the warm start there
-        result = probe(cfg, args.tasks, not args.no_cues)
+        if args.select:  # cues are not forced on while builds are chosen
+            result = select(cfg, args.tasks, args.skip, args.select)
+        else:
+            result = probe(cfg, args.tasks, not args.no_cues, args.skip)
         write_json(cfg.run_dir / "probe.json", result)
     print(json.dumps(result))
     return 0
