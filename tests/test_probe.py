@@ -123,6 +123,9 @@ def test_select_keeps_the_first_build_inside_the_targets(monkeypatch):
         return dict(figures[cfg.sft.seed])
 
     monkeypatch.setattr(probe, "probe", fake_probe)
+    with pytest.raises(SystemExit):  # no warm start to build: nothing to choose among
+        probe.main(["recipes/cpu_smoke.yaml", "--select", "2"])  # sft.enabled: false
+    assert played == []
     result = probe.select(load_config(None, []), 5, 7, 4)  # sft.seed -1: the run's seed (0) first
     assert played == [(0, 5, False, 7), (1, 5, False, 7), (2, 5, False, 7)]
     assert result["selected"] == 2 and [t["sft.seed"] for t in result["select"]] == [0, 1, 2]

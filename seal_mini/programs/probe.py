@@ -311,6 +311,8 @@ def main(argv: list[str]) -> int:
     if args.tasks < 1 or args.skip < 0 or args.select < 0:
         parser.error("--tasks must be >= 1, --skip and --select >= 0")
     cfg = load_config(args.recipe, args.overrides)
+    if args.select and not cfg.sft.enabled:
+        parser.error("--select chooses among warm-start builds; this recipe has sft.enabled: false")
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):  # it may build the warm start there
         if args.select:  # cues are not forced on while builds are chosen
             result = select(cfg, args.tasks, args.skip, args.select)
