@@ -105,7 +105,7 @@ def test_probe_command_on_a_small_warm_start(tmp_path, capsys):
         probe.main(["recipes/cpu_learn.yaml", *overrides, "--skip", "8", "--no-cues"])
 
 
-def test_select_keeps_the_first_build_inside_the_targets(monkeypatch):
+def test_select_keeps_the_first_build_inside_the_targets(monkeypatch, capsys):
     """--select builds with sft.seed, +1, ... and stops at the first whose four figures lie in TARGETS (edges
     included); a figure missing (no success to look at) is not inside."""
     inside = {
@@ -125,7 +125,7 @@ def test_select_keeps_the_first_build_inside_the_targets(monkeypatch):
     monkeypatch.setattr(probe, "probe", fake_probe)
     with pytest.raises(SystemExit):  # no warm start to build: nothing to choose among
         probe.main(["recipes/cpu_smoke.yaml", "--select", "2"])  # sft.enabled: false
-    assert played == []
+    assert played == [] and "--select chooses among warm-start builds" in capsys.readouterr().err
     result = probe.select(load_config(None, []), 5, 7, 4)  # sft.seed -1: the run's seed (0) first
     assert played == [(0, 5, False, 7), (1, 5, False, 7), (2, 5, False, 7)]
     assert result["selected"] == 2 and [t["sft.seed"] for t in result["select"]] == [0, 1, 2]

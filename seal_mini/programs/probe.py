@@ -288,7 +288,9 @@ def probe(cfg: Config, n_tasks: int, cues: bool, skip: int = 0) -> dict:
 def select(cfg: Config, n_tasks: int, skip: int, tries: int) -> dict:
     """Build with sft.seed, sft.seed + 1, ... (at most `tries`) until the four figures lie inside TARGETS: the
     figures of the first build inside them (else of the last), each try's under "select"."""
-    first, tried = cfg.sft.seed if cfg.sft.seed >= 0 else cfg.seed, []
+    from seal_mini.training.sft import warm_start_config
+
+    first, tried = warm_start_config(cfg).seed, []  # sft.seed, or the run's seed where it is -1
     for seed in range(first, first + tries):
         result = probe(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=seed)), n_tasks, False, skip)
         tried.append({"sft.seed": seed} | {name: result[name] for name in TARGETS})
