@@ -811,7 +811,7 @@ CI_KINDS = (
     "long_context_card_booking",  # ... and module data (long_context.py's cards), which no episode may drain
     "card_booking_after_a_card_was_drained",
 )
-"""The kinds the test suite plays over all 800 tasks (the command plays all of them)."""
+"""The kinds the test suite plays (tests/test_differential.py says on which tasks; the command plays all of them)."""
 
 
 @dataclass
@@ -838,9 +838,15 @@ def first_difference(kit: list[str], bfcl: list[str]) -> str:
 
 
 def run_differential(
-    kinds=KINDS["qwen_fc"], categories=CATEGORIES, limit: int = 0, seed: int = 0, protocol: str = "qwen_fc"
+    kinds=KINDS["qwen_fc"],
+    categories=CATEGORIES,
+    limit: int = 0,
+    seed: int = 0,
+    protocol: str = "qwen_fc",
+    every: int = 1,
 ) -> dict:
-    """Per kind: episodes, agreements, passes on each side, same prompts, and the first differences."""
+    """Per kind: episodes, agreements, passes on each side, same prompts, and the first differences (of the
+    tasks whose index is below `limit`, if set, and a multiple of `every`)."""
     if protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol {protocol}: choose from {', '.join(PROTOCOLS)}")
     unknown = [k for k in kinds if k not in KINDS[protocol]]
@@ -848,16 +854,16 @@ def run_differential(
         raise ConfigError(f"--kinds: no kinds {unknown} for {protocol}; its kinds: {', '.join(KINDS[protocol])}")
     _WRITING[0] = PROTOCOLS[protocol]
     try:
-        return _run(kinds, categories, limit, seed, PROTOCOLS[protocol])
+        return _run(kinds, categories, limit, seed, PROTOCOLS[protocol], every)
     finally:
         _WRITING[0] = QWEN_FC
 
 
-def _run(kinds, categories, limit: int, seed: int, protocol: Protocol) -> dict:
+def _run(kinds, categories, limit: int, seed: int, protocol: Protocol, every: int) -> dict:
     start = time.perf_counter()
     tallies = {kind: Tally() for kind in kinds}
     for task in load_tasks(categories):
-        if limit and task.index >= limit:
+        if (limit and task.index >= limit) or task.index % every:
             continue
         gt = ground_truth_turns(task)
         for kind in kinds:
@@ -900,18 +906,27 @@ def print_report(result: dict) -> None:
     print(f"{'all':<46} {total:>8} {agree:>7} {'':>9} {'':>10} {same:>13}   ({result['seconds']} s)")
 
 
+def positive(text: str) -> int:
+    """The argparse type of --every: an integer >= 1."""
+    value = nonnegative(text)
+    if not value:
+        raise argparse.ArgumentTypeError("must be >= 1, got 0")
+    return value
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python tests/differential.py", description=__doc__.split("\n")[0])
     parser.add_argument("--protocol", default="qwen_fc", choices=list(PROTOCOLS), help="the BFCL handler to compare")
     parser.add_argument("--kinds", nargs="+", help="perturbation kinds (default: all of the protocol's)")
     parser.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=CATEGORIES)
     parser.add_argument("--limit", type=nonnegative, default=0, help="only task indices below this in each category")
+    parser.add_argument("--every", type=positive, default=1, help="only task indices that are multiples of this")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         reference_modules()  # a missing package is one line now, not a traceback after the first task
         kinds = args.kinds or KINDS[args.protocol]
-        result = run_differential(kinds, args.categories, args.limit, args.seed, args.protocol)
+        result = run_differential(kinds, args.categories, args.limit, args.seed, args.protocol, args.every)
     except (ConfigError, FileError, OSError) as e:  # a wrong option, a damaged file, a full disk: one line
         print(f"error: {e}", file=sys.stderr)
         return 2

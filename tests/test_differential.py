@@ -1,9 +1,9 @@
 """The kit's episode and verifier against BFCL's own inference loop and scorer (tests/differential.py).
 
-Every one of the 800 tasks, the ground truth and the perturbation kinds in CI_KINDS (one for each way the
-kit once departed from BFCL, and controls): the kit's verdict must equal BFCL's on every episode, and so
-must the prompt of every model query. `PYTHONPATH=. python tests/differential.py` plays the whole battery
-(PERTURBATIONS); it takes about four times as long.
+The ground truth of every one of the 800 tasks, and the perturbation kinds in CI_KINDS (one for each way the
+kit once departed from BFCL, and controls) on a spread quarter of them: the kit's verdict must equal BFCL's
+on every episode, and so must the prompt of every model query. `PYTHONPATH=. python tests/differential.py`
+plays the whole battery (PERTURBATIONS) on all 800.
 """
 
 import copy
@@ -38,24 +38,38 @@ from seal_mini.envs.harness import QWEN_FC, TOOLACE
 from seal_mini.envs.scripted import DONE_TEXT, ground_truth_turns
 from seal_mini.envs.toolcalls import format_call
 
+ALL_TASKS_KINDS = (
+    "ground_truth",
+    "explicit_empty_lists_after_shared_default_grew",
+    "mention_own_default_post",
+    "long_context_card_booking",
+    "card_booking_after_a_card_was_drained",
+)
+"""The CI kinds played on all 800 tasks: every task's ground truth, and the kinds only a few tasks allow; the
+other CI kinds play one task in four of each category (EVERY), a spread sample the full command extends."""
+EVERY = 4
 
-def test_kit_and_bfcl_agree_on_every_episode_of_all_800_tasks(capsys):
+
+def test_kit_and_bfcl_agree_on_every_ground_truth_of_all_800_tasks_and_a_spread_quarter_of_the_rest(capsys):
     assert set(CI_KINDS) < set(PERTURBATIONS) and not set(CI_KINDS) & set(REFUSAL_KINDS)
-    result = run_differential(CI_KINDS)
+    assert set(ALL_TASKS_KINDS) < set(CI_KINDS)
+    result = run_differential(ALL_TASKS_KINDS)
+    sampled = run_differential([k for k in CI_KINDS if k not in ALL_TASKS_KINDS], every=EVERY)
+    result = {"kinds": result["kinds"] | sampled["kinds"], "seconds": result["seconds"] + sampled["seconds"]}
     with capsys.disabled():
         print()
         print_report(result)
     kinds = result["kinds"]
     assert kinds["ground_truth"]["episodes"] == 800 and kinds["ground_truth"]["bfcl_passed"] == 800
     for kind, tally in kinds.items():
-        few = kind in ("explicit_empty_lists_after_shared_default_grew", "mention_own_default_post") or "card" in kind
+        few = kind in ALL_TASKS_KINDS[1:] or kind == "withheld_before_reveal"
         assert tally["episodes"] > (30 if few else 100), kind  # 79 and 32 tasks post tweets so, 50 book flights
         assert tally["agree"] == tally["episodes"], (kind, tally["disagreements"])
         assert tally["same_prompts"] == tally["episodes"], (kind, tally["prompt_differences"])
     # Not vacuous: kinds BFCL fails, and kinds it passes although the old kit failed them.
     assert kinds["one_line_tags"]["bfcl_passed"] == kinds["parse_error_then_repair"]["bfcl_passed"] == 0
     assert kinds["broken_only_call"]["bfcl_passed"] == kinds["broken_only_call"]["episodes"]
-    assert kinds["step_limit_in_last_turn"]["bfcl_passed"] == 800
+    assert kinds["step_limit_in_last_turn"]["bfcl_passed"] == kinds["step_limit_in_last_turn"]["episodes"] == 200
     assert kinds["large_integer"]["bfcl_passed"] > 0  # the kit once refused these
     assert kinds["explicit_empty_lists_after_shared_default_grew"]["bfcl_passed"] > 30  # of the 79 that post
     assert kinds["mention_own_default_post"]["bfcl_passed"] > 0
@@ -70,8 +84,9 @@ STATE_KINDS = (
     "long_context_card_booking",
     "mention_own_default_post",
 )
-"""The episodes played twice in one process and once in another: each task's ground truth, and perturbations
-that change back-end state in ways a shared default or shared module data would carry to later episodes."""
+"""The episodes played in a shuffled order in one process and in order in a fresh one: each task's ground
+truth, and perturbations that change back-end state in ways a shared default or shared module data would
+carry to later episodes."""
 
 
 def canonical(value, seen=frozenset()):
@@ -124,7 +139,7 @@ print(json.dumps(outcomes(json.loads(sys.stdin.read()))))
 """
 
 
-def test_every_task_played_twice_in_shuffled_order_in_one_process_is_what_a_fresh_process_gives():
+def test_every_task_played_in_shuffled_order_in_one_process_is_what_a_fresh_process_gives():
     """Nothing of one episode, check or diagnosis reaches another: not a default argument, not module data."""
     tasks = tasks_by_id()
     order = [
@@ -142,11 +157,9 @@ def test_every_task_played_twice_in_shuffled_order_in_one_process_is_what_a_fres
         check=True,
     )
     expected = json.loads(fresh.stdout)
-    for seed in (1, 2):
-        shuffled = random.Random(seed).sample(order, len(order))
-        got = outcomes(shuffled)
-        differ = [key for key in expected if got[key] != expected[key]]
-        assert not differ, (seed, len(differ), differ[:5])
+    got = outcomes(random.Random(1).sample(order, len(order)))  # after whatever this process played before
+    differ = [key for key in expected if got[key] != expected[key]]
+    assert not differ, (len(differ), differ[:5])
     assert sum(reward for reward, *_ in expected.values()) > 800  # not vacuous: ground truths pass
 
 
