@@ -442,12 +442,53 @@ def test_calls_that_could_hang_the_process_are_refused(no_escape):
             [
                 call("power", base=10, exponent=10**15),  # a quadrillion-digit integer
                 call("logarithm", value=10, base=2, precision=10**9),
+                call("logarithm", value=10, base=2, precision=40_000.0),  # mpmath takes a float precision
+                call("logarithm", value=10, base=2, precision="40000"),  # ... and a digit string
+                call("logarithm", value="1e" + "9" * 3000, base=3, precision=15),  # an exponent of 3000 digits
                 call("power", base=2, exponent=10),  # small ones run as usual
             ]
         )
     )
-    assert [e.call for e in r.events][:2] == [REFUSED_CALL, REFUSED_CALL]
-    assert json.loads(r.observation[2]["content"]) == {"result": 1024}
+    assert [e.call for e in r.events][:5] == [REFUSED_CALL] * 5
+    assert json.loads(r.observation[5]["content"]) == {"result": 1024}
+
+
+def mkdir_cd(levels: int) -> str:
+    return "\n".join(call("mkdir", dir_name="a") + "\n" + call("cd", folder="a") for _ in range(levels))
+
+
+def shared_directories(rounds: int) -> str:
+    """BFCL's mv moves a contents dict and cp copies one level down, so each round's six calls leave one
+    directory object under two names: the tree == and repr walk doubles every round."""
+    calls = [call("mkdir", dir_name="t")]
+    for _ in range(rounds):
+        calls += [call("mkdir", dir_name="n"), call("mv", source="t", destination="n"), call("cd", folder="n")]
+        calls += [
+            call("cp", source="t", destination="u"),
+            call("cd", folder=".."),
+            call("mv", source="n", destination="t"),
+        ]
+    return "\n".join(calls)
+
+
+@pytest.mark.parametrize("message", [mkdir_cd(200), shared_directories(40)], ids=["200_deep", "shared_2_to_40"])
+def test_a_tree_the_models_calls_nest_deep_or_share_is_scored_and_diagnosed(message):
+    """About 200 nested directories were deeper than a state snapshot could copy (the step raised, and so did
+    the rollout's truncation after it); a directory shared down 40 levels unfolds to 2**40 objects, which the
+    checker's report and the diagnoser's comparisons walked. Both now end in a failed verdict and labels."""
+    task = TASKS["multi_turn_base_0"]
+    ep = Episode(task)
+    ep.reset()
+    ep.step(message)
+    while not ep.done:
+        ep.step("Done.")
+    verdict = check_episode(ep)
+    assert verdict.reward == 0.0 and len(diagnose(ep, verdict)) == len(task.turns)
+    cut = Episode(task)
+    cut.reset()
+    cut.step(message)
+    cut.truncate()  # what the rollout does when a step raises: it must not raise in turn
+    assert cut.done and cut.ended_by == TRUNCATED
 
 
 def test_missing_tags_is_a_plain_answer_ending_the_turn():

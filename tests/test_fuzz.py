@@ -8,8 +8,8 @@ memory bound; nothing but a public method of the task's back ends runs (an audit
 process, network or eval() event during a step); the checker and the diagnoser give a verdict and one
 label per turn. The generator is seeded (`random.Random`): a failure names the seed and the message.
 
-The known cases come first (a value nested 900 deep, 8,000 unclosed `<tool_call>` tags, a thousand signs
-before a number in an argument key); then random messages. SEAL_MINI_FUZZ_MESSAGES=N runs N random ones
+The known cases come first (a value nested 900 deep, arguments as a string nested 5,000 deep, 8,000 unclosed
+`<tool_call>` tags, a thousand signs before a number in an argument key); then random messages. SEAL_MINI_FUZZ_MESSAGES=N runs N random ones
 (default 200, about a minute here), SEAL_MINI_FUZZ_SEED=S another seed.
 """
 
@@ -251,7 +251,8 @@ def known_cases() -> list[str]:
     deep = "<tool_call>\n" + json.dumps({"name": "ls", "arguments": {"a": nested(900)}}) + "\n</tool_call>"
     deep_500 = "<tool_call>\n" + json.dumps({"name": "cd", "arguments": {"folder": nested(500)}}) + "\n</tool_call>"
     signs = "<tool_call>\n" + json.dumps({"name": "ls", "arguments": {"a=" + "-" * 990 + "1, b": 1}}) + "\n</tool_call>"
-    return [deep, deep_500, signs, "<tool_call>\n" * 8000, "<tool_call>\n{}</tool_call>" * 2000]
+    deep_string = "<tool_call>\n" + json.dumps({"name": "ls", "arguments": "[" * 5000 + "]" * 5000}) + "\n</tool_call>"
+    return [deep, deep_500, signs, deep_string, "<tool_call>\n" * 8000, "<tool_call>\n{}</tool_call>" * 2000]
 
 
 def instance_cases(task) -> list[str]:

@@ -46,12 +46,14 @@ from seal_mini.envs.bfcl import Task
 from seal_mini.envs.episode import (
     INSTANCE_PREFIX,
     NO_CALL,
+    STATE_LIMIT,
     TRUNCATED,
     TurnRecord,
     call_directly,
     new_instances,
     public_methods,
     state_of,
+    unfolded_size,
 )
 from seal_mini.envs.harness import QWEN_FC, instance_name, method_owners, run_call
 from seal_mini.envs.scripted import ground_truth_call
@@ -206,7 +208,9 @@ class TurnEvidence:
         if self._differences is None:
             self._differences = []
             for cls in self.differing if self.model_after is not None else []:
-                paths = differences(self.model_after[cls], self.ref_after[cls])
+                model, ref = self.model_after[cls], self.ref_after[cls]
+                small = max(unfolded_size(model), unfolded_size(ref)) <= STATE_LIMIT
+                paths = differences(model, ref) if small else [()]  # too large to walk: it differs as a whole
                 self._differences += [(cls, *path) for path in paths]
         return self._differences
 
@@ -423,6 +427,11 @@ class _ModelReplay:
         return state_of(instances), outputs
 
 
+def _same(a, b) -> bool:
+    """a == b for two states, where one that unfolds beyond STATE_LIMIT objects equals only itself."""
+    return a is b or (max(unfolded_size(a), unfolded_size(b)) <= STATE_LIMIT and a == b)
+
+
 def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
     """(evidence, label, reason) of every task turn, in order. Reads only task, turn_records() and
     turn_states of the episode. A turn is judged against the ground truth's own run while every turn
@@ -460,7 +469,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             if model_after is None:
                 same[cls] = False
             elif cls in touched or gt_after[cls] is not gt_before[cls]:
-                same[cls] = model_after[cls] == gt_after[cls]
+                same[cls] = _same(model_after[cls], gt_after[cls])
         ev = TurnEvidence(
             record=record,
             gt_calls=ref.calls[k],
@@ -470,7 +479,9 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             outputs_so_far=len(outputs),
             executed=executed,
             finished=record.ended_by == NO_CALL and model_after is not None,
-            differing=[c for c in ref_after if c in candidates and model_after and model_after[c] != ref_after[c]],
+            differing=[
+                c for c in ref_after if c in candidates and model_after and not _same(model_after[c], ref_after[c])
+            ],
             from_model_state=from_model_state,
             ref_instances={ref.owners[name] for name, _ in ref.calls[k]},
             model_after=model_after,

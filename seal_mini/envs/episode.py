@@ -143,6 +143,47 @@ def public_state(instance) -> dict:
     return {k: v for k, v in vars(instance).items() if not k.startswith("_")}
 
 
+STATE_LIMIT = 100_000
+"""Objects a state may unfold to and still be compared or shown: BFCL's file system shares a directory
+between paths (mv moves a contents dict, cp copies one level down), so a few dozen calls build a tree whose
+unfolded size doubles every six calls, and == and repr walk it unfolded."""
+
+
+def unfolded_size(value, limit: int = STATE_LIMIT) -> int:
+    """The objects == or repr visits in `value` (dicts, lists, a back-end object's public attributes but a
+    reference back to an enclosing object), a shared part counted on every path to it but walked once;
+    counting stops above `limit`, and a value nested deeper than Python recurses counts as above it."""
+    sizes: dict[int, int] = {}
+
+    def size(v, enclosing: frozenset) -> int:
+        if id(v) in sizes:
+            return sizes[id(v)]
+        if isinstance(v, dict):
+            children = list(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            children = list(v)
+        elif hasattr(v, "__dict__") and not isinstance(v, type):
+            children = [c for k, c in vars(v).items() if not k.startswith("_") and id(c) not in enclosing]
+        else:
+            return 1
+        enclosing, total = enclosing | {id(v)}, 1
+        for child in children:
+            total += size(child, enclosing)
+            if total > limit:
+                break
+        sizes[id(v)] = total
+        return total
+
+    try:
+        return size(value, frozenset())
+    except RecursionError:
+        return limit + 1
+
+
+TOO_DEEP = "<state nested too deep to copy>"
+"""The snapshot of a back end whose state is nested too deep to copy (about 200 directories)."""
+
+
 def state_of(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
     """Public attributes per class (a copy: a pickle round trip, about three times faster than deepcopy on
     these states). A class whose state did not change since `previous` shares that snapshot: only for
@@ -156,7 +197,10 @@ def state_of(instances: dict[str, object], previous: dict | None = None) -> dict
         try:
             out[name] = pickle.loads(pickle.dumps(public, protocol=pickle.HIGHEST_PROTOCOL))
         except Exception:  # noqa: BLE001 - a value that does not pickle is copied the slow way
-            out[name] = copy.deepcopy(public)
+            try:
+                out[name] = copy.deepcopy(public)
+            except RecursionError:  # a model's calls nested a tree deeper than Python recurses (mkdir/cd)
+                out[name] = {TOO_DEEP: True}  # equal to no state a task's calls reach: the turn's state differs
     return out
 
 

@@ -616,8 +616,18 @@ def _guard_power(a: dict) -> str:
 
 
 def _guard_precision(a: dict) -> str:
+    """mpmath and decimal take a precision as an int, a float or a digit string, and a number as a string of
+    any length (`"1e" + "9" * 3000` takes seconds a call)."""
     precision = a.get("precision")
-    return "precision above 10000 digits" if isinstance(precision, int) and precision > 10_000 else ""
+    if isinstance(precision, (int, float, str)) and not isinstance(precision, bool):
+        try:
+            if float(precision) > 10_000:
+                return "precision above 10000 digits"
+        except ValueError:  # not a number: the back end answers with its own error
+            pass
+    if any(isinstance(a.get(key), str) and len(a[key]) > 100 for key in ("value", "base", "number")):
+        return "a number written in more than 100 characters"
+    return ""
 
 
 def _guard_round(a: dict) -> str:

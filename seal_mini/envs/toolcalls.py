@@ -127,6 +127,10 @@ def _parse_block(body: str) -> dict | CallError:
         return CallError("parse", 'tool call needs a string "name"')
     arguments = obj.get("arguments", {})
     if isinstance(arguments, str):  # some models emit the arguments object as a JSON string
+        if _depth(arguments) > MAX_DEPTH:
+            return CallError(
+                "parse", f'"arguments" is a string whose JSON nests deeper than {MAX_DEPTH} levels', name=name
+            )
         try:
             arguments = json.loads(arguments, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
         except (json.JSONDecodeError, ValueError) as e:

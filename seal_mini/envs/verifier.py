@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 
 from seal_mini.envs.bfcl import Task
-from seal_mini.envs.episode import INFERENCE_ERROR, NOT_REACHED, TURN_LIMIT, new_instances
+from seal_mini.envs.episode import INFERENCE_ERROR, NOT_REACHED, TURN_LIMIT, new_instances, unfolded_size
 from seal_mini.envs.harness import QWEN_FC, checker_input_for, fresh_class, instance_name
 
 CHECKER_RAISED = "seal_mini:checker_raised"
@@ -89,10 +89,16 @@ def check(task: Task, checker_input: list[list[list[str]]], forced_quit: bool = 
     found = result.get("details", {})
     if "differences" in found:
         # States can be huge (long_context file systems): keep a readable excerpt of each difference.
-        details["differences"] = {k: repr(v)[:500] for k, v in found["differences"].items()}
+        details["differences"] = {k: _excerpt(v) for k, v in found["differences"].items()}
     if "missing_items" in found:
         details["missing_items"] = [str(m)[:500] for m in found["missing_items"]]
     return Verdict(0.0, result.get("error_type", ""), _failed_turn(result), details)
+
+
+def _excerpt(value, chars: int = 500) -> str:
+    """The start of repr(value), unless the value unfolds too far to write (see unfolded_size)."""
+    n = unfolded_size(value, 20 * chars)
+    return repr(value)[:chars] if n <= 20 * chars else f"<more than {20 * chars} objects unfolded: not shown>"
 
 
 def check_episode(episode) -> Verdict:
