@@ -427,9 +427,13 @@ class _ModelReplay:
         return state_of(instances), outputs
 
 
-def _same(a, b) -> bool:
-    """a == b for two states, where one that unfolds beyond STATE_LIMIT objects equals only itself."""
-    return a is b or (max(unfolded_size(a), unfolded_size(b)) <= STATE_LIMIT and a == b)
+def _same(a, b, sizes: dict[int, int]) -> bool:
+    """a == b for two states, where one that unfolds beyond STATE_LIMIT objects equals only itself; `sizes`
+    keeps each state's size (by id) while the states live."""
+    for state in (a, b):
+        if id(state) not in sizes:
+            sizes[id(state)] = unfolded_size(state)
+    return a is b or (max(sizes[id(a)], sizes[id(b)]) <= STATE_LIMIT and a == b)
 
 
 def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
@@ -445,6 +449,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
         raise ValueError(f"episode of {task.id} has {len(records)} turn records for {len(task.turns)} turns")
     out, outputs = [], []
     same = dict.fromkeys(ref.initial_state, True)  # per class: the model's public state equals the reference's
+    sizes: dict[int, int] = {}  # of the states compared (all alive until this returns)
     replay: _ModelReplay | None = None
     for k, record in enumerate(records):
         executed = [e for e in record.events if e.call is not None]
@@ -469,7 +474,7 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             if model_after is None:
                 same[cls] = False
             elif cls in touched or gt_after[cls] is not gt_before[cls]:
-                same[cls] = _same(model_after[cls], gt_after[cls])
+                same[cls] = _same(model_after[cls], gt_after[cls], sizes)
         ev = TurnEvidence(
             record=record,
             gt_calls=ref.calls[k],
@@ -480,7 +485,9 @@ def _walk(episode) -> list[tuple[TurnEvidence, str, str]]:
             executed=executed,
             finished=record.ended_by == NO_CALL and model_after is not None,
             differing=[
-                c for c in ref_after if c in candidates and model_after and not _same(model_after[c], ref_after[c])
+                c
+                for c in ref_after
+                if c in candidates and model_after and not _same(model_after[c], ref_after[c], sizes)
             ],
             from_model_state=from_model_state,
             ref_instances={ref.owners[name] for name, _ in ref.calls[k]},

@@ -159,16 +159,17 @@ def unfolded_size(value, limit: int = STATE_LIMIT) -> int:
         if id(v) in sizes:
             return sizes[id(v)]
         if isinstance(v, dict):
-            children = list(v.values())
+            children = v.values()
         elif isinstance(v, (list, tuple, set, frozenset)):
-            children = list(v)
+            children = v
         elif hasattr(v, "__dict__") and not isinstance(v, type):
+            enclosing = enclosing | {id(v)}
             children = [c for k, c in vars(v).items() if not k.startswith("_") and id(c) not in enclosing]
         else:
             return 1
-        enclosing, total = enclosing | {id(v)}, 1
+        total = 1
         for child in children:
-            total += size(child, enclosing)
+            total += 1 if type(child) in _LEAVES else size(child, enclosing)
             if total > limit:
                 break
         sizes[id(v)] = total
@@ -178,6 +179,9 @@ def unfolded_size(value, limit: int = STATE_LIMIT) -> int:
         return size(value, frozenset())
     except RecursionError:
         return limit + 1
+
+
+_LEAVES = {str, int, float, bool, type(None)}
 
 
 TOO_DEEP = "<state nested too deep to copy>"
