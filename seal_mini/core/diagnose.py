@@ -208,9 +208,8 @@ class TurnEvidence:
         if self._differences is None:
             self._differences = []
             for cls in self.differing if self.model_after is not None else []:
-                model, ref = self.model_after[cls], self.ref_after[cls]
-                small = max(unfolded_size(model), unfolded_size(ref)) <= STATE_LIMIT
-                paths = differences(model, ref) if small else [()]  # too large to walk: it differs as a whole
+                model, ref = self.model_after[cls], self.ref_after[cls]  # too large to walk: differs as a whole
+                paths = differences(model, ref) if max(map(unfolded_size, (model, ref))) <= STATE_LIMIT else [()]
                 self._differences += [(cls, *path) for path in paths]
         return self._differences
 
@@ -428,8 +427,7 @@ class _ModelReplay:
 
 
 def _same(a, b, sizes: dict[int, int]) -> bool:
-    """a == b for two states, where one that unfolds beyond STATE_LIMIT objects equals only itself; `sizes`
-    keeps each state's size (by id) while the states live."""
+    """a == b, where a state unfolding past STATE_LIMIT equals only itself; `sizes` keeps sizes by id."""
     for state in (a, b):
         if id(state) not in sizes:
             sizes[id(state)] = unfolded_size(state)

@@ -144,15 +144,13 @@ def public_state(instance) -> dict:
 
 
 STATE_LIMIT = 100_000
-"""Objects a state may unfold to and still be compared or shown: BFCL's file system shares a directory
-between paths (mv moves a contents dict, cp copies one level down), so a few dozen calls build a tree whose
-unfolded size doubles every six calls, and == and repr walk it unfolded."""
+"""Objects a state may unfold to and still be compared or shown: BFCL's mv and cp share a directory between
+paths, so a few dozen calls build a tree whose unfolded size (what == and repr walk) doubles every six."""
 
 
 def unfolded_size(value, limit: int = STATE_LIMIT) -> int:
-    """The objects == or repr visits in `value` (dicts, lists, a back-end object's public attributes but a
-    reference back to an enclosing object), a shared part counted on every path to it but walked once;
-    counting stops above `limit`, and a value nested deeper than Python recurses counts as above it."""
+    """The objects == or repr visits in `value` (a shared part counted on every path, walked once; a
+    back reference skipped), up to `limit`; a value nested deeper than Python recurses counts as above it."""
     sizes: dict[int, int] = {}
 
     def size(v, enclosing: frozenset) -> int:
@@ -184,10 +182,6 @@ def unfolded_size(value, limit: int = STATE_LIMIT) -> int:
 _LEAVES = {str, int, float, bool, type(None)}
 
 
-TOO_DEEP = "<state nested too deep to copy>"
-"""The snapshot of a back end whose state is nested too deep to copy (about 200 directories)."""
-
-
 def state_of(instances: dict[str, object], previous: dict | None = None) -> dict[str, dict]:
     """Public attributes per class (a copy: a pickle round trip, about three times faster than deepcopy on
     these states). A class whose state did not change since `previous` shares that snapshot: only for
@@ -204,7 +198,7 @@ def state_of(instances: dict[str, object], previous: dict | None = None) -> dict
             try:
                 out[name] = copy.deepcopy(public)
             except RecursionError:  # a model's calls nested a tree deeper than Python recurses (mkdir/cd)
-                out[name] = {TOO_DEEP: True}  # equal to no state a task's calls reach: the turn's state differs
+                out[name] = {"<state nested too deep to copy>": True}  # equal to no state a task reaches
     return out
 
 
