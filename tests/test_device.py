@@ -179,17 +179,16 @@ def test_the_kv_budget_on_a_gpu_is_a_share_of_the_free_memory_within_the_cap(mon
 # --- the CUDA-only branches of the commands, through fakes (no card runs them in CI) --------------------------
 
 
-def test_gpu_check_reads_the_card_it_finds(monkeypatch, tmp_path):
+def test_gpu_check_reads_the_card_it_finds(fake_smi, monkeypatch, tmp_path):
     from seal_mini.checks import gpu_check
 
     props = type("Props", (), {"name": "NVIDIA H100", "major": 9, "minor": 0, "total_memory": 80 * 2**30})()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: props)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
-    monkeypatch.setattr(gpu_check, "_driver", lambda: "570.86")
     env = gpu_check.environment(gpu_check.Check(tmp_path, dry=False, tokenizer=""))
     assert (env["gpu"], env["capability"], env["gpu_memory_gb"], env["bf16"]) == ("NVIDIA H100", "9.0", 80.0, True)
-    assert env["driver"] == "570.86" and env["cuda_available"] is True
+    assert env["driver"] == "535.54.03" and env["cuda_available"] is True
 
 
 def test_gpu_check_squeezes_a_card_to_the_weights_plus_3_gb_and_gives_it_back(monkeypatch, tmp_path):

@@ -134,7 +134,7 @@ def environment(check: Check) -> dict:
     import peft
     import transformers
 
-    from seal_mini.engine.device import supported_versions
+    from seal_mini.engine.device import nvidia_smi, supported_versions
 
     out = {
         "python": platform.python_version(),
@@ -147,13 +147,13 @@ def environment(check: Check) -> dict:
         **dict.fromkeys(("gpu", "capability", "gpu_memory_gb", "bf16", "driver")),  # a dry run: no card
     }
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
+        props, gpus = torch.cuda.get_device_properties(0), nvidia_smi()
         out |= {
             "gpu": props.name,
             "capability": f"{props.major}.{props.minor}",
             "gpu_memory_gb": round(props.total_memory / 2**30, 1),
             "bf16": torch.cuda.is_bf16_supported(including_emulation=False),
-            "driver": _driver(),
+            "driver": gpus[0].driver if gpus else "unknown",
         }
     try:
         import bitsandbytes
@@ -167,18 +167,6 @@ def environment(check: Check) -> dict:
         out["bitsandbytes"] = f"not usable: {type(e).__name__}: {e}"
     out["unsloth"] = "installed" if importlib.util.find_spec("unsloth") else "not installed"
     return out
-
-
-def _driver() -> str:
-    try:
-        return subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def preflights(check: Check) -> dict:
