@@ -189,7 +189,7 @@ def test_the_merged_model_decodes_as_the_run_in_a_fresh_process_from_another_fol
     policy = load_policy(load_config(overrides=TINY + [f"lora.adapter_path={cfg.run_dir / 'adapter'}"]), banner=False)
     messages, tools = Episode(tasks_by_id()["multi_turn_base_3"]).reset()  # a prompt with digits, JSON, tools
     text, prompt = (
-        policy.render(messages, tools, add_generation_prompt=True),
+        policy.renderer.render(messages, tools, add_generation_prompt=True),
         policy.renderer.prompt_ids(messages, tools),
     )
     with torch.no_grad():

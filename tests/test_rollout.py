@@ -20,7 +20,6 @@ from seal_mini.engine.logprobs import token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.rollout import RolloutStats, run_rollouts
-from seal_mini.engine.sequences import rendered_text
 from seal_mini.engine.tiny import tiny_tokenizer
 from seal_mini.envs.bfcl import NEW_TOOLS_USER_TEXT, tasks_by_id
 from seal_mini.envs.episode import TRUNCATED, Episode
@@ -106,7 +105,7 @@ def check_exact(policy, traj, forced):
             assert ids[e] == r.end_of_turn_id and traj.loss_mask[e] == 0
     assert all(lp < 0 for lp, m in zip(traj.old_logprobs, traj.loss_mask, strict=True) if m)
     assert all(lp == 0.0 for lp, m in zip(traj.old_logprobs, traj.loss_mask, strict=True) if not m)
-    assert traj.exact and r.decode(ids) == rendered_text(policy, traj)
+    assert traj.exact and r.decode(ids) == r.render(traj.messages, traj.tools)
 
 
 def test_scripted_episodes_tool_calls_errors_reveal_and_other_end_token(policy):
@@ -282,7 +281,7 @@ def test_sampling_is_reproducible_and_sequences_are_exact(policy, sampled):
     assert [t.old_logprobs for t in first] == [t.old_logprobs for t in again]
     assert [t.input_ids for t in first] != [t.input_ids for t in other]
     for t in first:
-        assert t.exact and policy.renderer.decode(t.input_ids) == rendered_text(policy, t)
+        assert t.exact and policy.renderer.decode(t.input_ids) == policy.renderer.render(t.messages, t.tools)
         assert t.n_sampled <= 24 * t.n_messages
     # every token went through the model at most once; two samples of each prompt share its prefill
     assert stats.model_tokens < 0.6 * stats.sequence_tokens and stats.concurrency == 4
@@ -343,7 +342,8 @@ def test_any_env_with_the_protocol_and_a_template_that_strips_whitespace(policy)
     text = stripping.renderer.decode(traj.input_ids)
     assert text.count("<|im_start|>assistant\n") == 3 and "<|im_start|>tool\nok<|im_end|>" in text
     squeeze = lambda t: t.replace(" ", "").replace("\n", "")  # noqa: E731
-    assert squeeze(text) == squeeze(rendered_text(stripping, traj)) and text != rendered_text(stripping, traj)
+    rendered = stripping.renderer.render(traj.messages, traj.tools)
+    assert squeeze(text) == squeeze(rendered) and text != rendered
 
 
 def test_engine_refuses_an_unsloth_patched_model(monkeypatch):

@@ -87,7 +87,7 @@ def test_demonstration_tokens_are_what_the_rollout_engine_lays_down(scratch_poli
     for (env, ids, mask, conv), traj in zip(demos, trajs, strict=True):
         assert traj.input_ids == ids and traj.loss_mask == mask, env.task.id
         assert traj.messages == conv
-        assert policy.renderer.decode(ids) == policy.render(conv, traj.tools)
+        assert policy.renderer.decode(ids) == policy.renderer.render(conv, traj.tools)
 
 
 def test_fault_shares_are_controlled_and_labelled(scratch_policy):

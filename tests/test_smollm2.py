@@ -14,7 +14,6 @@ from seal_mini.config import load_config
 from seal_mini.engine.logprobs import token_logprobs
 from seal_mini.engine.policy import load_policy
 from seal_mini.engine.rollout import RolloutStats, run_rollouts
-from seal_mini.engine.sequences import rendered_text
 from seal_mini.envs.bfcl import tasks_by_id
 from seal_mini.envs.episode import Episode
 from seal_mini.envs.verifier import check
@@ -47,8 +46,9 @@ def test_smollm2_runs_bfcl_episodes_end_to_end():
     print("rewards", rewards)
     for traj in trajs:
         assert traj.env.done and traj.n_sampled > 0 and sum(traj.loss_mask) == traj.n_sampled
-        assert traj.exact and policy.renderer.decode(traj.input_ids) == rendered_text(policy, traj)
-        assert "<tools>" in rendered_text(policy, traj)  # prompt mode: seal_mini wrote the tool block
+        rendered = policy.renderer.render(traj.messages, traj.tools)
+        assert traj.exact and policy.renderer.decode(traj.input_ids) == rendered
+        assert "<tools>" in rendered  # prompt mode: seal_mini wrote the tool block
         ids = torch.tensor([traj.input_ids])
         with torch.no_grad():
             new = token_logprobs(policy.model, ids, torch.ones_like(ids), torch.tensor([traj.loss_mask]), chunk=128)

@@ -59,10 +59,6 @@ class Policy:
     start_adapter: str = ""
     """The adapter folder the policy started from (lora.adapter_path); empty for a fresh adapter."""
 
-    def render(self, messages: list[dict], tools: list[dict], add_generation_prompt: bool = False) -> str:
-        """The conversation as the model sees it (the chat template, tools as model.tool_format says)."""
-        return self.renderer.render(messages, tools, add_generation_prompt)
-
     @contextmanager
     def backbone(self):
         """Inside this block the model is the bare backbone: every adapter is switched off."""

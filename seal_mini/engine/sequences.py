@@ -336,8 +336,3 @@ class Sequences:
         live.traj.truncated = True
         self.close(live, [])
         return False
-
-
-def rendered_text(policy, trajectory: Trajectory) -> str:
-    """The chat template's rendering of a trajectory's messages: what decode(input_ids) must equal."""
-    return policy.render(trajectory.messages, trajectory.tools)
