@@ -21,7 +21,7 @@ def bounded_fields():
             if dataclasses.is_dataclass(value):
                 yield from walk(value, f"{key}.{f.name}" if key else f.name)
             elif "bound" in f.metadata:
-                yield f"{key}.{f.name}", f.metadata["bound"]
+                yield f"{key}.{f.name}" if key else f.name, f.metadata["bound"]
 
     return list(walk(Config(), ""))
 
