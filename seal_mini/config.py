@@ -49,12 +49,6 @@ def _all_known(values: list, choices, key: str, noun: str) -> None:
         _check(value in choices, key, f"unknown {noun} {value!r}; choose from {choices}")
 
 
-def _one_of(value, choices, key: str) -> None:
-    """A setting that names one of a fixed set: the message lists the set, e.g. "must be a, b or c"."""
-    names = [str(c) for c in choices]
-    _check(value in choices, key, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
-
-
 def nonnegative(text: str) -> int:
     """The argparse type of a command-line count or limit: an integer >= 0."""
     value = int(text)  # argparse names the option when this raises ValueError
@@ -71,7 +65,7 @@ def bounded(default, rule: str, hint: str = ""):
 
 def choice(default: str, choices) -> str:
     """A field's default and the names it may take (a tuple, or a registry whose keys are the names),
-    declared together and checked with the ranges by check_bounds."""
+    declared together and checked with the ranges by check_bounds ("must be a, b or c, not 'x'")."""
     return field(default=default, metadata={"choices": choices})
 
 
@@ -90,7 +84,8 @@ def check_bounds(section, key: str = "") -> None:
             hint = f" ({f.metadata['hint']})" if f.metadata["hint"] else ""
             _check(BOUNDS[f.metadata["bound"]](value), name, f"must be {f.metadata['bound']}{hint}")
         elif "choices" in f.metadata:
-            _one_of(value, f.metadata["choices"], name)
+            names = [str(c) for c in f.metadata["choices"]]
+            _check(value in names, name, f"must be {', '.join(names[:-1])} or {names[-1]}, not {value!r}")
 
 
 @dataclass
