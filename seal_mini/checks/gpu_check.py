@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 from seal_mini.config import ConfigError, load_config
+from seal_mini.engine.device import cap_memory, nvidia_smi, peak_memory, reset_peak, supported_versions, uncap_memory
 from seal_mini.runio import read_metrics, write_json
 
 MAIN = "recipes/qwen2_5_3b.yaml"
@@ -134,8 +135,6 @@ def environment(check: Check) -> dict:
     import peft
     import transformers
 
-    from seal_mini.engine.device import nvidia_smi, supported_versions
-
     out = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -172,7 +171,6 @@ def environment(check: Check) -> dict:
 def preflights(check: Check) -> dict:
     """`preflight` of the recipes at the card sizes they are meant for (uncapped on a dry run)."""
     from seal_mini.checks.preflight import preflight
-    from seal_mini.engine.device import uncap_memory
 
     out = check.partial
     for recipe, gigabytes in PREFLIGHTS:
@@ -193,8 +191,6 @@ def preflights(check: Check) -> dict:
 def measured(module, names: list[str], device: torch.device, into: dict):
     """Wrap module.<name> for each name: seconds and peak memory of every call, summed and maxed into
     `into[name]` (peak allocated / reserved on a GPU, the process's peak resident memory on the CPU)."""
-    from seal_mini.engine.device import peak_memory, reset_peak
-
     originals = {name: getattr(module, name) for name in names}
 
     def wrap(name: str, fn: Callable):
@@ -328,8 +324,6 @@ def unsloth(check: Check) -> dict:
 def squeezed(check: Check, policy):
     """Memory for a few episodes at once, not 32: on a card, a cap at the weights plus 3 GB (a few 16k-token
     slots of KV); on a dry run, an out-of-memory error for every forward of more than 2 rows."""
-    from seal_mini.engine.device import cap_memory, uncap_memory
-
     if check.dry:
 
         def too_many_rows(module, args, kwargs):
