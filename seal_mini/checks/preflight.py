@@ -43,7 +43,13 @@ from seal_mini.config import Config, ConfigError, load_config
 from seal_mini.engine.device import cap_memory, peak_memory, reset_peak, resolve_device
 from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.policy import SCRATCH, TINY
+from seal_mini.engine.render import SPECIAL_TOKENS
 from seal_mini.engine.scratch import CHAT_TEMPLATE, random_model
+from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
+from seal_mini.envs.bfcl import load_tasks, tool_docs
+from seal_mini.envs.episode import Episode
+from seal_mini.envs.harness import PROTOCOLS
+from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.envs.splits import load_split, tasks_for
 from seal_mini.runio import read_json
 
@@ -156,8 +162,6 @@ def built_here(cfg: Config) -> dict:
     """config.json of a model the kit builds itself: tiny-random (engine/tiny.py) or scratch (engine/scratch.py,
     sized by model.scratch). Both get the tiny tokenizer's ids, the tokenizer preflight runs with (a scratch
     model's own, trained on its tasks, has at most model.scratch.vocab)."""
-    from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
-
     if cfg.model.name == TINY:
         return tiny_model(tiny_tokenizer()).config.to_dict()
     s = cfg.model.scratch
@@ -238,8 +242,6 @@ class _Filler:
     """Texts of a given number of tokens, cut from BFCL's tool documentation."""
 
     def __init__(self, renderer):
-        from seal_mini.envs.bfcl import load_tasks, tool_docs
-
         classes = sorted({c for t in load_tasks() for c in t.involved_classes})
         text = "\n".join(json.dumps(doc) for c in classes for doc in tool_docs(c))
         self.renderer, self.ids = renderer, renderer.encode(text)
@@ -268,10 +270,6 @@ def episode_lengths(cfg: Config, renderer, shrink: int) -> dict:
     if cfg.model.name not in (TINY, SCRATCH):
         low, high = (n // shrink for n in PROMPT_TOKENS)
         return {"prompt": (low, high), "result": RESULT_TOKENS // shrink, "long_result": LONG_RESULT_TOKENS // shrink}
-    from seal_mini.envs.episode import Episode
-    from seal_mini.envs.harness import PROTOCOLS
-    from seal_mini.envs.scripted import POLICIES, play
-
     prompts, results = [], []
     for task in tasks_for(load_split(cfg)["train"][:MEASURED_TASKS], "data"):
         env = Episode(task, protocol=PROTOCOLS[cfg.model.protocol])
@@ -403,8 +401,6 @@ def _took(minutes: float) -> str:
 def preflight(cfg: Config, gpu_mem_gb: float = 0.0) -> tuple[dict, list[str]]:
     """Run the phases; returns (result, what does not fit: one line per setting to lower)."""
     from seal_mini.engine.policy import load_policy  # looked up at each call: a test injects its own loader
-    from seal_mini.engine.render import SPECIAL_TOKENS
-    from seal_mini.engine.tiny import tiny_tokenizer
 
     device = resolve_device(cfg.device)
     if gpu_mem_gb:

@@ -28,9 +28,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from seal_mini.config import ConfigError, RolloutConfig
+from seal_mini.core.diagnose import diagnose
 from seal_mini.envs.episode import Episode, StepResult
 from seal_mini.envs.harness import PROTOCOLS
+from seal_mini.envs.scripted import POLICIES, play
 from seal_mini.envs.splits import tasks_for
+from seal_mini.envs.verifier import check_episode
 
 Ask = Callable[[int, str], str]
 """(turn index, the task's own user text) -> the text to send."""
@@ -113,9 +116,6 @@ class Console:
 
 def verdict_lines(console: Console) -> list[str]:
     """The checker's verdict and the per-turn labels, as printed at the end of a chat."""
-    from seal_mini.core.diagnose import diagnose
-    from seal_mini.envs.verifier import check_episode
-
     verdict = check_episode(console.env)
     labels = diagnose(console.env, verdict)
     lines = [
@@ -177,7 +177,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scripted", help="a scripted policy instead of the model: ground_truth | empty | ...")
     args = parser.parse_intermixed_args(argv)  # options may come before or after the overrides
 
-    from seal_mini.envs.scripted import POLICIES, play
     from seal_mini.programs.export import first_held_in, run_config, trained_adapter
 
     run_dir = Path(args.run_dir)
