@@ -31,11 +31,15 @@ from seal_mini.config import Config, load_config
 from seal_mini.core.diagnose import diagnose, failure_profile, trajectory_profile
 from seal_mini.core.grpo import diagnostic_weights, group_advantages, turn_scales
 from seal_mini.core.interface import ERROR_TRIGGERS, GUIDELINES, SCHEMA_TRIGGERS, InterfaceState
+from seal_mini.engine.policy import load_policy
 from seal_mini.engine.rollout import run_rollouts
+from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import check_episode
 from seal_mini.estimators import WEIGHT_LEVELS
 from seal_mini.labels import FAILURE_LABELS
 from seal_mini.runio import run_lock, write_json
+from seal_mini.training.sft import ensure_warm_start, warm_start_config
+from seal_mini.training.train import make_env, tasks_for_step
 
 TARGETS = {
     "sampled_success": (0.10, 0.25),
@@ -68,8 +72,6 @@ def cue_targets(name: str) -> tuple[str, ...]:
 
 def play(policy, cfg: Config, tasks: list, temperature: float, group: int, state: InterfaceState | None) -> dict:
     """`group` episodes per task (seeded as step 0 of the run), scored and diagnosed: rewards and labels."""
-    from seal_mini.training.train import make_env
-
     envs = [make_env(task, cfg, state) for task in tasks for _ in range(group)]
     trajs = run_rollouts(policy, envs, cfg.rollout, temperature, (cfg.seed, 0))
     verdicts = [check_episode(env) for env in envs]
@@ -244,11 +246,6 @@ def _verdict(name: str, interval) -> str:
 
 def probe(cfg: Config, n_tasks: int, cues: bool, skip: int = 0) -> dict:
     """The figures of the recipe's warm start (built first if it is not there)."""
-    from seal_mini.engine.policy import load_policy
-    from seal_mini.envs.splits import load_split, pick
-    from seal_mini.training.sft import ensure_warm_start
-    from seal_mini.training.train import tasks_for_step
-
     if cfg.sft.enabled:
         ensure_warm_start(cfg)
     started = time.perf_counter()
@@ -288,8 +285,6 @@ def probe(cfg: Config, n_tasks: int, cues: bool, skip: int = 0) -> dict:
 def select(cfg: Config, n_tasks: int, skip: int, tries: int) -> dict:
     """Build with sft.seed, sft.seed + 1, ... (at most `tries`) until the four figures lie inside TARGETS: the
     figures of the first build inside them (else of the last), each try's under "select"."""
-    from seal_mini.training.sft import warm_start_config
-
     first, tried = warm_start_config(cfg).seed, []  # sft.seed, or the run's seed where it is -1
     for seed in range(first, first + tries):
         result = probe(dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, seed=seed)), n_tasks, False, skip)
