@@ -20,6 +20,11 @@ from pathlib import Path
 
 from seal_mini.config import Config, ConfigError, config_from_dict, load_config, saved_config
 from seal_mini.distributed import from_rank0, is_main, run_lock, world_size
+from seal_mini.evaluation.agents import ModelAgent
+from seal_mini.evaluation.heldin import eval_tasks, evaluate, print_table
+from seal_mini.evaluation.report import build_report
+from seal_mini.evaluation.suites import check_suites, print_suite, run_suite
+from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
 from seal_mini.runio import FileError, read_json
 
 
@@ -38,8 +43,6 @@ def main(argv: list[str]) -> int:
     if len(recipes) > 1:
         return run_side_by_side(recipes, overrides, args.gpus_per_run, args.restart)
     cfg = load_config(args.recipe, overrides)
-    from seal_mini.evaluation.suites import check_suites
-
     check_suites(cfg)  # a missing optional extra is an error now, not after training
     with run_lock(cfg.run_dir, " ".join([parser.prog, *argv])):
         return pipeline(cfg, args.restart)
@@ -48,9 +51,6 @@ def main(argv: list[str]) -> int:
 def run_side_by_side(recipes: list[str], overrides: list[str], gpus_per_run: int, restart: bool) -> int:
     """Several recipes: each its own pipeline, on its own GPUs, as many at once as the GPUs allow
     (seal_mini.programs.placement); without a GPU one after another. Exit code 1 if any run failed."""
-    from seal_mini.evaluation.suites import check_suites
-    from seal_mini.programs.placement import Job, failure_report, launch_command, run_placed, visible_gpus
-
     if world_size() > 1:
         raise ConfigError("several recipes place their own runs on the GPUs; start them without torchrun")
     configs = [load_config(recipe, overrides) for recipe in recipes]
@@ -91,11 +91,7 @@ def finished(path, source: str) -> dict | None:
 
 def pipeline(cfg, restart: bool = False) -> int:
     """Train (or continue training), evaluate backbone and adapter, write the report."""
-    from seal_mini.evaluation.agents import ModelAgent
-    from seal_mini.evaluation.heldin import eval_tasks, evaluate, print_table
-    from seal_mini.evaluation.report import build_report
-    from seal_mini.evaluation.suites import print_suite, run_suite
-    from seal_mini.training.train import train
+    from seal_mini.training.train import train  # here, not at the top: it loads transformers
 
     run_dir, policy = train(cfg, resume=True, restart=restart)
 
@@ -202,8 +198,6 @@ def sft_command(argv: list[str]) -> int:
 def report_command(argv: list[str]) -> int:
     """`report RUN_DIR [RUN_DIR ...] [--out DIR]`: the markdown report with plots (seal_mini/evaluation/report.py)
     of the run directories given, drawn from their files alone; the first is the main run."""
-    from seal_mini.evaluation.report import build_report
-
     parser = argparse.ArgumentParser(prog="python -m seal_mini report", description="report from run directories")
     parser.add_argument("runs", nargs="+", help="run directories; the first is the main run")
     parser.add_argument("--out", help="output folder (default: FIRST_RUN/report)")
