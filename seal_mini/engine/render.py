@@ -24,6 +24,7 @@ import jinja2
 
 from seal_mini.config import ConfigError
 from seal_mini.envs.bfcl import to_chat_tool
+from seal_mini.envs.harness import bfcl_prompt, decode, llama_prompt
 
 KEEP_DEFAULT_SYSTEM = "keep_default_system"
 """Key that marks a system message to be written after the template's default system text (Qwen2.5's
@@ -64,8 +65,6 @@ def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bo
     follow it, up to what comes next (`next_role`; by default a tool result after a message with calls,
     a user turn after one that ends the turn). What comes next matters: BFCL writes the reasoning of the
     messages since the last user turn, and a new user turn writes them without it."""
-    from seal_mini.envs.harness import bfcl_prompt, decode
-
     if add_generation_prompt:
         return bfcl_prompt(messages, tools)
     if not messages or messages[-1]["role"] != "assistant":
@@ -78,8 +77,6 @@ def bfcl_text(messages: list[dict], tools: list[dict], add_generation_prompt: bo
 def llama_text(messages: list[dict], tools: list[dict], add_generation_prompt: bool) -> str:
     """BFCL's LlamaHandler prompt for a conversation; without the generation prompt, the text up to where the
     next message begins (the handler writes a message the same whatever follows it)."""
-    from seal_mini.envs.harness import llama_prompt
-
     text = llama_prompt(messages, tools)
     return text if add_generation_prompt else text.removesuffix(LLAMA_GENERATION_PROMPT)
 

@@ -40,6 +40,8 @@ from pathlib import Path
 from seal_mini.config import CATEGORIES, Config, ConfigError
 from seal_mini.envs.bfcl import WORLD_DOCS, Task, tool_docs
 from seal_mini.envs.harness import BLOCKED_NAMES, bfcl_class, public_method_names
+from seal_mini.envs.scripted import ground_truth_turns, replay
+from seal_mini.envs.verifier import check_episode
 from seal_mini.runio import read_text
 
 TASK_FIELDS = {
@@ -375,9 +377,6 @@ def _task(row, classes: list[str], index: dict[str, int], where: str) -> tuple[T
 def _check_ground_truth(task: Task, where: str) -> None:
     """Play the ground truth on fresh instances through the episode: every call runs cleanly and BFCL's
     checker passes the episode (a back end whose outputs vary between runs would fail it)."""
-    from seal_mini.envs.scripted import ground_truth_turns, replay
-    from seal_mini.envs.verifier import check_episode
-
     try:
         episode, reward = replay(task, ground_truth_turns(task))
     except Exception as e:  # noqa: BLE001 - the user's _load_scenario or a value JSON cannot carry

@@ -51,6 +51,7 @@ import torch
 
 from seal_mini.config import TAU2_DOMAINS, Config, ConfigError
 from seal_mini.distributed import from_rank0
+from seal_mini.engine.sequences import sample_tokens
 from seal_mini.envs.toolcalls import CLOSE, OPEN, CallError, format_call, parse_tool_calls, validate_call
 from seal_mini.evaluation.agents import ScriptedAgent, eval_identity, play_in_pieces, save_result, sending
 from seal_mini.evaluation.ood import Suite, loopback_only, require, suite_result
@@ -411,8 +412,6 @@ class InProcessUser:
 
     def generate(self, messages: list[dict], tools: list[dict], generator) -> str:
         """One message, greedy at temperature 0; stops at the template's end of turn."""
-        from seal_mini.engine.sequences import sample_tokens
-
         renderer, model = self.policy.renderer, self.policy.model
         ids = renderer.prompt_ids(messages, tools)
         if len(ids) > self.max_prompt_tokens:

@@ -55,6 +55,8 @@ from seal_mini.envs.episode import Episode
 from seal_mini.envs.harness import PROTOCOLS
 from seal_mini.envs.splits import load_split, pick
 from seal_mini.envs.verifier import check_episode
+from seal_mini.evaluation.agents import ModelAgent
+from seal_mini.evaluation.heldin import evaluate
 from seal_mini.training.checkpoint import open_run, restore
 from seal_mini.training.tracking import RunWriter, check_backends, metrics_row, trajectory_rows
 from seal_mini.training.update import update
@@ -230,9 +232,6 @@ def episode_records(trajs: list[Trajectory], verdicts: list, diagnoses: list) ->
 
 def evaluate_during_training(policy, cfg: Config, eval_ids: list[str], tag: str) -> dict:
     """Held-in success without the interface (the bare benchmark), written to eval/<tag>.json."""
-    from seal_mini.evaluation.agents import ModelAgent
-    from seal_mini.evaluation.heldin import evaluate
-
     tasks = pick(eval_ids, cfg.data.max_eval_tasks)
     result = evaluate(ModelAgent(policy, cfg), tasks, cfg, cfg.run_dir / "eval", tag, source=f"adapter at {tag}")
     return {f"eval/{k}": v for k, v in result["success"].items()}
