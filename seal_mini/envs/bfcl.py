@@ -88,15 +88,8 @@ def tool_docs(class_name: str) -> tuple[dict, ...]:
     return tuple(read_jsonl(path))
 
 
-V3_CLASSES = (
-    "GorillaFileSystem",
-    "MathAPI",
-    "MessageAPI",
-    "TwitterAPI",
-    "TicketAPI",
-    "TradingBot",
-    "TravelAPI",
-    "VehicleControlAPI",
+V3_CLASSES = tuple(
+    "GorillaFileSystem MathAPI MessageAPI TwitterAPI TicketAPI TradingBot TravelAPI VehicleControlAPI".split()
 )
 """The back-end classes of BFCL V3 multi-turn."""
 
