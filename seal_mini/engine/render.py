@@ -32,14 +32,9 @@ KEEP_DEFAULT_SYSTEM = "keep_default_system"
 this way, so a prompt with the note is the prompt without it plus the note, nothing else."""
 _MARKER = "SEAL_MINI_MARKER"
 _PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "probe",
-            "description": "A tool.",
-            "parameters": {"type": "object", "properties": {}, "required": []},
-        },
-    }
+    to_chat_tool(
+        {"name": "probe", "description": "A tool.", "parameters": {"type": "dict", "properties": {}, "required": []}}
+    )
 ]
 """A tool, to learn what a template writes as its default system text when it renders tools."""
 
