@@ -126,11 +126,7 @@ def eval_identity(agent, cfg: Config, source: str, task_ids: list[str] | None, *
             "max_new_tokens": r.max_new_tokens,
             "seed": cfg.seed,
         },
-        "limits": {
-            "max_prompt_tokens": r.max_prompt_tokens,
-            "max_response_tokens": r.max_response_tokens,
-            "max_total_tokens": r.max_total_tokens,
-        },
+        "limits": {k: getattr(r, k) for k in ("max_prompt_tokens", "max_response_tokens", "max_total_tokens")},
         "kit": __version__,
         **extra,
     }
