@@ -239,9 +239,8 @@ SCRIPTED = {"answer": sending(_play_answer), "empty": sending(_play_empty), "mem
 """Scripted policies for the agentic suites, each play(env) -> conversation (memorize: memory back ends only)."""
 
 
-def scripted_agent(mode: str) -> ScriptedAgent:
-    """A scripted policy of SCRIPTED, with the agent interface of seal_mini.evaluation.agents.ModelAgent."""
-    return ScriptedAgent(mode, SCRIPTED, "the BFCL V4 suites know")
+scripted_agent = functools.partial(ScriptedAgent, plays=SCRIPTED, known="the BFCL V4 suites know")
+"""scripted_agent(mode): a scripted policy of SCRIPTED, with the agent interface of ModelAgent (as tau2's)."""
 
 
 # --- running a suite --------------------------------------------------------------------------------------
