@@ -8,7 +8,7 @@ import pytest
 from seal_mini.config import ConfigError, load_config
 from seal_mini.evaluation.agents import ScriptedAgent
 from seal_mini.evaluation.bfcl_v4 import SCRIPTED, evaluate_bfcl_v4, memory_tasks, scripted_agent
-from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards
+from seal_mini.evaluation.ood import ACTIVE, REFUSED, NetworkRefused
 from seal_mini.runio import read_json, read_jsonl_gz
 
 # The built-in ood defaults (all scenarios, all questions, kv + rec_sum + vector, which is skipped: no
@@ -126,7 +126,7 @@ def test_missing_extra_and_bad_settings_are_clear_errors(tmp_path, monkeypatch):
 def test_nothing_reaches_the_network_during_a_suite(tmp_path):
     """The suite installs its own guard (on top of the test-wide one), every kind of access attempted
     while it runs is refused, and the suite itself attempts none."""
-    outside, inside, attempts = len(active_guards()), [], []
+    outside, inside, attempts = len(ACTIVE), [], []
     probes = {
         "tcp to an address": lambda: socket.create_connection(("93.184.216.34", 443), timeout=1),
         "tcp to a name": lambda: socket.create_connection(("pypi.org", 443), timeout=1),
@@ -136,7 +136,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
 
     class Probe(ScriptedAgent):
         def run(self, envs, progress=None):
-            inside.append(len(active_guards()))
+            inside.append(len(ACTIVE))
             for name, probe in probes.items():
                 try:
                     probe()
@@ -149,7 +149,7 @@ def test_nothing_reaches_the_network_during_a_suite(tmp_path):
     evaluate_bfcl_v4(Probe("empty", SCRIPTED), cfg, tmp_path, "p", progress=False)
     assert inside and all(depth == outside + 1 for depth in inside)  # the suite's own guard was in place
     assert attempts and all(outcome == "refused" for _, outcome in attempts), attempts
-    assert len(active_guards()) == outside  # and it is gone afterwards
+    assert len(ACTIVE) == outside  # and it is gone afterwards
 
     before = len(REFUSED)
     evaluate_bfcl_v4(scripted_agent("memorize"), CFG, tmp_path, "quiet", progress=False)

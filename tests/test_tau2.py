@@ -19,7 +19,7 @@ from seal_mini.config import ConfigError, load_config  # noqa: E402
 from seal_mini.envs.toolcalls import format_call  # noqa: E402
 from seal_mini.evaluation import tau2 as tau2_eval  # noqa: E402
 from seal_mini.evaluation.agents import ScriptedAgent  # noqa: E402
-from seal_mini.evaluation.ood import REFUSED, NetworkRefused, active_guards, loopback_only  # noqa: E402
+from seal_mini.evaluation.ood import ACTIVE, REFUSED, NetworkRefused, loopback_only  # noqa: E402
 from seal_mini.evaluation.tau2 import (  # noqa: E402
     SCRIPTED,
     InProcessUser,
@@ -168,7 +168,7 @@ class ProbeUser(ScriptedUser):
         self.outside, self.seen = outside_guards, []
 
     def for_task(self, task, user_tools):
-        guarded = len(active_guards()) > self.outside  # the suite put its own guard in place
+        guarded = len(ACTIVE) > self.outside  # the suite put its own guard in place
         try:
             socket.create_connection(("93.184.216.34", 80), timeout=1)
             self.seen.append((guarded, "connected"))
@@ -180,7 +180,7 @@ class ProbeUser(ScriptedUser):
 
 
 def test_no_network_inside_the_suite(tmp_path):
-    probe = ProbeUser(len(active_guards()))
+    probe = ProbeUser(len(ACTIVE))
     cfg = cfg_with(tau2_domains=["telecom"])
     evaluate_tau2(ScriptedAgent("empty", SCRIPTED), cfg, tmp_path, "probe", user=probe, progress=False)
     assert probe.seen == [(True, "refused")]

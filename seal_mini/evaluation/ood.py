@@ -44,7 +44,7 @@ class NetworkRefused(ConnectionRefusedError):
     """A connection or name lookup that an active network guard does not allow."""
 
 
-_ACTIVE: list[str] = []
+ACTIVE: list[str] = []
 """The guards now in force ("loopback" or "public"), outermost first; every one must allow an access."""
 REFUSED: list[str] = []
 """Every access a guard refused in this process (tests check that a suite attempted none)."""
@@ -76,7 +76,7 @@ def _allows(mode: str, host, lookup: bool) -> bool:
 
 def _audit(event: str, args: tuple) -> None:
     # Audit events are raised from C for every socket, whatever library or event loop made the call.
-    if not _ACTIVE or not event.startswith("socket."):
+    if not ACTIVE or not event.startswith("socket."):
         return
     if event in ("socket.connect", "socket.sendto", "socket.sendmsg"):
         sock, address = args[0], args[1]
@@ -89,10 +89,10 @@ def _audit(event: str, args: tuple) -> None:
         host, lookup = args[0][0], True
     else:
         return
-    if not all(_allows(mode, host, lookup) for mode in list(_ACTIVE)):
+    if not all(_allows(mode, host, lookup) for mode in list(ACTIVE)):
         what = "name lookup of" if lookup else "network access to"
         REFUSED.append(f"{event} {host!r}")
-        raise NetworkRefused(f"{what} {host!r} refused: this runs offline ({' + '.join(_ACTIVE)} only)")
+        raise NetworkRefused(f"{what} {host!r} refused: this runs offline ({' + '.join(ACTIVE)} only)")
 
 
 _hook_installed = False
@@ -101,14 +101,14 @@ _hook_installed = False
 @contextlib.contextmanager
 def _guard(mode: str) -> Iterator[None]:
     global _hook_installed
-    if not _hook_installed:  # an audit hook cannot be removed: install one, switched by _ACTIVE
+    if not _hook_installed:  # an audit hook cannot be removed: install one, switched by ACTIVE
         sys.addaudithook(_audit)
         _hook_installed = True
-    _ACTIVE.append(mode)
+    ACTIVE.append(mode)
     try:
         yield
     finally:
-        _ACTIVE.pop()
+        ACTIVE.pop()
 
 
 def loopback_only():
@@ -124,11 +124,6 @@ def public_only():
     """Within this block only globally routable addresses may be contacted (web search: a model-chosen
     URL must not reach this machine, its local network or a metadata service)."""
     return _guard("public")
-
-
-def active_guards() -> list[str]:
-    """The guards now in force, outermost first."""
-    return list(_ACTIVE)
 
 
 @dataclass(frozen=True)
