@@ -12,7 +12,7 @@ from seal_mini.config import FAULT_KINDS, ConfigError, load_config
 from seal_mini.core.faults import FAULTS
 from seal_mini.core.interface import shown_texts
 from seal_mini.engine.logprobs import right_pad
-from seal_mini.engine.policy import Policy, build_scratch, load_policy, warm_start_dir
+from seal_mini.engine.policy import Policy, load_hf_base, load_policy, warm_start_dir
 from seal_mini.engine.render import ChatRenderer
 from seal_mini.engine.rollout import run_rollouts
 from seal_mini.engine.scratch import task_corpus
@@ -50,7 +50,7 @@ def practice_cfg(tmp_path, *extra):
 def scratch_policy(tmp_path_factory):
     cfg = practice_cfg(tmp_path_factory.mktemp("p"))
     tasks = pick(load_split(cfg)["train"], 12)
-    model, tokenizer = build_scratch(cfg, task_corpus(tasks) + shown_texts())
+    model, tokenizer = load_hf_base(cfg, torch.device("cpu"), torch.float32, task_corpus(tasks) + shown_texts())
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
@@ -158,7 +158,7 @@ def test_warm_start_is_built_cached_reused_and_loaded(tmp_path):
     # the loaded tokenizer cuts text exactly as the one the warm start was trained with (transformers
     # would rebuild a qwen2 folder's tokenizer with Qwen's own pre-tokenizer and cut it differently)
     texts = task_corpus(sft.demonstrated_tasks(cfg))
-    _, trained_with = build_scratch(cfg, texts + shown_texts())
+    _, trained_with = load_hf_base(cfg, torch.device("cpu"), torch.float32, texts + shown_texts())
     assert [policy.tokenizer(t)["input_ids"] for t in texts] == [trained_with(t)["input_ids"] for t in texts]
 
 

@@ -26,6 +26,8 @@ from seal_mini.engine import attention
 from seal_mini.engine.device import MemoryLimits, compute_dtype, gpu_name, resolve_device, supported_versions
 from seal_mini.engine.logprobs import causal_lm
 from seal_mini.engine.render import ChatRenderer
+from seal_mini.engine.scratch import chat_tokenizer, random_model, train_tokenizer_json
+from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
 from seal_mini.runio import check_model_folder, writing
 
 TINY = "tiny-random"
@@ -123,18 +125,6 @@ def warm_start_dir(cfg: Config) -> Path:
     return cfg.run_dir / WARM_START
 
 
-def build_scratch(cfg: Config, corpus: list[str]):
-    """(random causal LM, tokenizer) for model.name: scratch: a BPE tokenizer trained on `corpus` (the
-    training tasks as the template renders them, and the interface's texts: seal_mini.training.sft builds
-    it), a Qwen2 sized by model.scratch, weights from cfg.seed."""
-    from seal_mini.engine import scratch
-
-    size = cfg.model.scratch
-    tokenizer = scratch.chat_tokenizer(scratch.train_tokenizer_json(corpus, size.vocab))
-    model = scratch.random_model(tokenizer, cfg.seed, size.hidden, size.layers, size.heads, size.kv_heads, size.mlp)
-    return model, tokenizer
-
-
 def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: list[str] | None = None):
     """(causal LM, tokenizer) with transformers; 4-bit NF4 where the recipe and the device allow it.
     With sft.enabled the backbone is the run's warm start (seal_mini/training/sft.py), not model.name;
@@ -154,14 +144,16 @@ def load_hf_base(cfg: Config, device: torch.device, dtype: torch.dtype, corpus: 
         required = WARM_START_FILES
         fix = f"restore it, or build the warm start again: python -m seal_mini sft {cfg.run_dir}/config.yaml --rebuild"
     elif name == TINY:
-        from seal_mini.engine.tiny import tiny_model, tiny_tokenizer
-
         tokenizer = tiny_tokenizer()
         return tiny_model(tokenizer).to(device=device, dtype=dtype), tokenizer
     elif name == SCRATCH:
         if corpus is None:
             raise ConfigError("model.name: scratch is built by the warm start; set sft.enabled: true")
-        model, tokenizer = build_scratch(cfg, corpus)
+        # a BPE tokenizer trained on `corpus` (the training tasks as the template renders them, and the
+        # interface's texts: seal_mini.training.sft builds it), a Qwen2 sized by model.scratch, weights from cfg.seed
+        s = cfg.model.scratch
+        tokenizer = chat_tokenizer(train_tokenizer_json(corpus, s.vocab))
+        model = random_model(tokenizer, cfg.seed, s.hidden, s.layers, s.heads, s.kv_heads, s.mlp)
         return model.to(device=device, dtype=dtype), tokenizer
 
     kwargs: dict = {"dtype": dtype, "attn_implementation": cfg.model.attn_implementation}
