@@ -320,18 +320,6 @@ def train_model(model, demos: list[Demonstration], cfg: Config, device) -> list[
     return log
 
 
-def _merged(model, cfg: Config):
-    """The trained weights as one plain model: the LoRA adapter merged into its base."""
-    if not cfg.sft.full:
-        if getattr(model, "is_loaded_in_4bit", False) or getattr(model.get_base_model(), "is_loaded_in_4bit", False):
-            raise ConfigError(
-                "sft.full=false with a 4-bit base: the adapter cannot be merged into quantized weights here; "
-                "set model.load_in_4bit=false for the sft stage"
-            )
-        model = model.merge_and_unload()
-    return model
-
-
 # --- the stage ---------------------------------------------------------------------------------------
 
 
@@ -398,7 +386,13 @@ def run_sft(cfg: Config) -> Path:
     else:
         model = add_lora(model, cfg)
     log = train_model(model, demos, cfg, device)
-    model = _merged(model, cfg)
+    if not cfg.sft.full:  # the trained weights as one plain model: the LoRA adapter merged into its base
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model.get_base_model(), "is_loaded_in_4bit", False):
+            raise ConfigError(
+                "sft.full=false with a 4-bit base: the adapter cannot be merged into quantized weights here; "
+                "set model.load_in_4bit=false for the sft stage"
+            )
+        model = model.merge_and_unload()
 
     seconds = round(time.perf_counter() - started, 1)
     with new_dir(out) as tmp:
