@@ -68,6 +68,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from seal_mini.envs.bfcl import bfcl_root
+from seal_mini.envs.toolcalls import format_call
 
 BFCL_MODEL = "Qwen/Qwen2.5-7B-Instruct"
 """The model whose names BFCL's instances carry in the kit, as BFCL's Qwen FC handler runs it."""
@@ -108,8 +109,6 @@ class Protocol:
 
     def write(self, calls: list[tuple[str, dict]]) -> str:
         """Calls as a model following this handler writes them (scripted policies)."""
-        from seal_mini.envs.toolcalls import format_call
-
         if self.name == "qwen_fc":
             return "\n".join(format_call(name, arguments) for name, arguments in calls)
         written = (f"{name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})" for name, arguments in calls)

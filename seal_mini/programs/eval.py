@@ -10,6 +10,7 @@ from pathlib import Path
 
 from seal_mini.config import Config, ConfigError, OodConfig, load_config
 from seal_mini.distributed import check_same, run_lock
+from seal_mini.engine.policy import load_policy
 from seal_mini.envs.scripted import POLICIES
 from seal_mini.evaluation.agents import ModelAgent, ScriptedAgent
 from seal_mini.evaluation.heldin import eval_tasks, evaluate, print_table
@@ -83,8 +84,6 @@ def agents(args, cfg: Config, scripted, scripted_tag: str, prefix: str) -> list[
     the backbone and the adapter (each tag named `prefix`base / `prefix`adapter unless --tag names it)."""
     if args.scripted:
         return [(scripted(args.scripted), args.tag or scripted_tag, "")]
-    from seal_mini.engine.policy import load_policy
-
     if args.adapter:
         if not Path(args.adapter).is_dir():
             raise ConfigError(f"--adapter {args.adapter}: no such folder")
