@@ -208,7 +208,8 @@ class TurnEvidence:
         if self._differences is None:
             self._differences = []
             for cls in self.differing if self.model_after is not None else []:
-                model, ref = self.model_after[cls], self.ref_after[cls]  # too large to walk: differs as a whole
+                model, ref = self.model_after[cls], self.ref_after[cls]
+                # a state too large to walk differs as a whole
                 paths = differences(model, ref) if max(map(unfolded_size, (model, ref))) <= STATE_LIMIT else [()]
                 self._differences += [(cls, *path) for path in paths]
         return self._differences
